@@ -1,0 +1,5 @@
+"""Heavy side: load Hugging Face / GGUF models, build ONNX decoder graphs, validate, quantize, write bundles.
+
+Needs the ``export`` extra (torch, transformers, onnx, gguf). Nothing in the light
+runtime imports this package.
+"""

@@ -1,0 +1,278 @@
+"""Build the decoder ONNX graph of the engine contract directly from a model's weights.
+
+Two flavours over the same contract (see docs/DESIGN.md):
+
+* ``ort``: ONNX Runtime's fused ``com.microsoft.GroupQueryAttention`` with rotary inside
+  and a shared past/present buffer: each layer's cache is bound as input and output and
+  written in place at slots ``past .. past+S-1``.
+* ``portable``: standard ONNX ops only (opset 17), for TensorRT: rotary by Gather of
+  cos/sin tables, ``ScatterElements`` of the new K/V into the fixed buffers, attention
+  over the first ``past+S`` slots.
+
+Both take ``attention_bias`` ``[B, 1, S, past+S]`` (0 = attend, -inf = masked) so a tree
+of draft tokens (siblings sharing a position id) is verified in one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from specdec_edge.export.arch import ArchSpec
+
+OPSET = 17
+IR_VERSION = 10  # ONNX Runtime 1.32 reads IR <= 13; onnx 1.23 would write 14.
+NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+
+
+@dataclass
+class DecoderConfig:
+    """Everything the builder needs to know about one decoder, independent of transformers."""
+
+    arch: ArchSpec
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    attn_scale: float
+    layer_types: list  # per layer: "full_attention" | "sliding_attention"
+    sliding_window: int | None
+    rope: dict  # layer type -> (cos, sin) float32 [capacity, head_dim // 2]
+    final_logit_softcap: float | None = None
+    weights: dict = field(default_factory=dict)  # HF state-dict names -> float32 numpy
+
+
+class Builder:
+    """A tiny ONNX graph builder: named initializers, constants and nodes."""
+
+    def __init__(self):
+        self.nodes, self.inits, self.inputs, self.outputs = [], [], [], []
+        self._consts: dict = {}
+        self._n = 0
+
+    def fresh(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.array(array, order="C"), name))  # keeps 0-d arrays 0-d
+        return name
+
+    def const(self, value, dtype=np.int64) -> str:
+        arr = np.asarray(value, dtype=dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.init(self.fresh("const"), arr)
+        return self._consts[key]
+
+    def op(self, op_type: str, *inputs, outputs: int = 1, domain: str = "", hint: str | None = None, **attrs):
+        names = [self.fresh(hint or op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(
+            helper.make_node(op_type, list(inputs), names, name=self.fresh("n_" + op_type), domain=domain, **attrs)
+        )
+        return names[0] if outputs == 1 else names
+
+    def rename_output(self, value: str, name: str) -> str:
+        self.nodes.append(helper.make_node("Identity", [value], [name], name=self.fresh("n_out")))
+        return name
+
+
+def build_decoder(
+    cfg: DecoderConfig, *, flavour: str, dtype: str, capacity: int, hidden_states: bool
+) -> onnx.ModelProto:
+    """Build the decoder graph; ``dtype`` is "fp32" or "fp16" (int8/int4 quantize an fp32 graph later)."""
+    if flavour not in ("ort", "portable"):
+        raise ValueError(f"unknown flavour {flavour}")
+    wdt = np.dtype(np.float16 if dtype == "fp16" else np.float32)
+    elem = NP_TO_ONNX[wdt]
+    b = Builder()
+    w = cfg.weights
+    H, nh, kvh, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    arch = cfg.arch
+
+    def weight(name, transpose=False):
+        arr = w[name].T if transpose else w[name]
+        return b.init(name + (".T" if transpose else ""), arr.astype(wdt))
+
+    def norm_weight(name):
+        return b.init(name, (w[name] + arch.norm_offset).astype(wdt))
+
+    def rms_norm(x, wname):
+        if flavour == "ort":
+            return b.op("SimplifiedLayerNormalization", x, norm_weight(wname), axis=-1, epsilon=cfg.rms_eps, stash_type=1)
+        xf = b.op("Cast", x, to=TensorProto.FLOAT) if wdt == np.float16 else x
+        ms = b.op("ReduceMean", b.op("Mul", xf, xf), axes=[-1], keepdims=1)
+        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(cfg.rms_eps, np.float32))))
+        y = b.op("Mul", xf, inv)
+        if wdt == np.float16:
+            y = b.op("Cast", y, to=elem)
+        return b.op("Mul", y, norm_weight(wname))
+
+    def linear(x, prefix):
+        y = b.op("MatMul", x, weight(prefix + ".weight", transpose=True))
+        if prefix + ".bias" in w:
+            y = b.op("Add", y, b.init(prefix + ".bias", w[prefix + ".bias"].astype(wdt)))
+        return y
+
+    def activation(x):
+        if arch.activation == "silu":
+            return b.op("Mul", x, b.op("Sigmoid", x))
+        # gelu with tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        c = lambda v: b.const(v, wdt)  # noqa: E731
+        inner = b.op("Mul", b.op("Add", x, b.op("Mul", b.op("Mul", b.op("Mul", x, x), x), c(0.044715))), c(np.sqrt(2 / np.pi)))
+        return b.op("Mul", b.op("Mul", x, c(0.5)), b.op("Add", b.op("Tanh", inner), c(1.0)))
+
+    # ---- inputs
+    b.inputs += [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT, ["batch", 1, "seq", "total"]),
+    ]
+    for i in range(cfg.num_layers):
+        for kind in ("key", "value"):
+            b.inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", elem, ["batch", kvh, capacity, hd]))
+
+    # ---- shared per-step values
+    bias = b.op("Cast", "attention_bias", to=elem) if wdt == np.float16 else "attention_bias"
+    bias_shape = b.op("Shape", "attention_bias")
+    total = b.op("Gather", bias_shape, b.const(3), axis=0)  # int64 scalar: past + S
+    seq = b.op("Gather", b.op("Shape", "input_ids"), b.const(1), axis=0)
+    biases = {"full_attention": bias}
+    if arch.sliding_window and "sliding_attention" in cfg.layer_types:
+        # Local layers also mask keys at distance >= window from the query position.
+        kpos = b.op("Range", b.const(0), total, b.const(1))
+        qpos = b.op("Unsqueeze", "position_ids", b.const([1, 3]))
+        far = b.op("GreaterOrEqual", b.op("Sub", qpos, kpos), b.const(cfg.sliding_window))
+        biases["sliding_attention"] = b.op("Where", far, b.const(-np.inf, wdt), bias)
+    if flavour == "ort":
+        total32 = b.op("Cast", total, to=TensorProto.INT32)
+        batch = b.op("Gather", b.op("Shape", "input_ids"), b.const([0]), axis=0)
+        seqlens_k = b.op("Expand", b.op("Sub", total32, b.const(1, np.int32)), batch)
+        rope = {t: (b.init(f"cos_cache.{t}", c.astype(wdt)), b.init(f"sin_cache.{t}", s.astype(wdt))) for t, (c, s) in cfg.rope.items()}
+    else:
+        rope = {}
+        for t, (c, s) in cfg.rope.items():
+            cos = b.init(f"cos_table.{t}", np.concatenate([c, c], -1).astype(wdt))
+            sin = b.init(f"sin_table.{t}", np.concatenate([s, s], -1).astype(wdt))
+            # [B, 1, S, hd]
+            rope[t] = tuple(b.op("Unsqueeze", b.op("Gather", tab, "position_ids", axis=0), b.const([1])) for tab in (cos, sin))
+        # cache slots of the new tokens: past .. past+S-1, shaped to broadcast over [B, kvh, S, hd]
+        slots = b.op("Reshape", b.op("Range", b.op("Sub", total, seq), total, b.const(1)), b.const([1, 1, -1, 1]))
+
+    def heads(x, n):  # [B, S, n*hd] -> [B, n, S, hd]
+        return b.op("Transpose", b.op("Reshape", x, b.const([0, 0, n, hd])), perm=[0, 2, 1, 3])
+
+    def rotate(x, cos, sin):  # x [B, n, S, hd]
+        x1, x2 = b.op("Split", x, b.const([hd // 2, hd // 2]), axis=-1, outputs=2)
+        rot = b.op("Concat", b.op("Neg", x2), x1, axis=-1)
+        return b.op("Add", b.op("Mul", x, cos), b.op("Mul", rot, sin))
+
+    def head_norm(x, n, wname):  # per-head RMSNorm on [B, S, n*hd]
+        y = rms_norm(b.op("Reshape", x, b.const([0, 0, n, hd])), wname)
+        return b.op("Reshape", y, b.const([0, 0, n * hd]))
+
+    def attention(i, x):
+        p = f"model.layers.{i}.self_attn"
+        ltype = cfg.layer_types[i]
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
+        if flavour == "ort" and not arch.qk_norm:
+            # One packed QKV MatMul; GroupQueryAttention unpacks it.
+            names = [p + ".q_proj", p + ".k_proj", p + ".v_proj"]
+            wqkv = np.concatenate([w[n + ".weight"] for n in names], 0).T.astype(wdt)
+            q = b.op("MatMul", x, b.init(p + ".qkv_proj.weight.T", wqkv))
+            if names[0] + ".bias" in w:
+                bqkv = np.concatenate([w[n + ".bias"] for n in names]).astype(wdt)
+                q = b.op("Add", q, b.init(p + ".qkv_proj.bias", bqkv))
+            k = v = ""
+        else:
+            q, k, v = (linear(x, f"{p}.{n}_proj") for n in "qkv")
+            if arch.qk_norm:
+                q, k = head_norm(q, nh, p + ".q_norm.weight"), head_norm(k, kvh, p + ".k_norm.weight")
+        if flavour == "ort":
+            cos, sin = rope[ltype]
+            out = b.op(
+                "GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total32, cos, sin,
+                "position_ids", biases[ltype], domain="com.microsoft", outputs=3,
+                num_heads=nh, kv_num_heads=kvh, scale=cfg.attn_scale, do_rotary=1, rotary_interleaved=0,
+            )
+            b.rename_output(out[1], pres_k)
+            b.rename_output(out[2], pres_v)
+            attn = out[0]
+        else:
+            cos, sin = rope[ltype]
+            qh = rotate(heads(q, nh), cos, sin)  # [B, nh, S, hd]
+            kh = rotate(heads(k, kvh), cos, sin)  # [B, kvh, S, hd]
+            vh = heads(v, kvh)
+            idx = b.op("Expand", slots, b.op("Shape", kh))
+            new_k = b.rename_output(b.op("ScatterElements", past_k, idx, kh, axis=2), pres_k)
+            new_v = b.rename_output(b.op("ScatterElements", past_v, idx, vh, axis=2), pres_v)
+            keys = b.op("Slice", new_k, b.const([0]), b.op("Unsqueeze", total, b.const([0])), b.const([2]))
+            vals = b.op("Slice", new_v, b.const([0]), b.op("Unsqueeze", total, b.const([0])), b.const([2]))
+            g = nh // kvh
+            # Group query heads by their KV head: [B, kvh, g*S, hd] @ [B, kvh, hd, T] -> [B, kvh, g*S, T]
+            qg = b.op("Reshape", qh, b.const([0, kvh, -1, hd]))
+            scores = b.op("Mul", b.op("MatMul", qg, b.op("Transpose", keys, perm=[0, 1, 3, 2])), b.const(cfg.attn_scale, wdt))
+            scores = b.op("Reshape", scores, b.op("Concat", b.const([0, kvh, g, -1]), b.op("Unsqueeze", total, b.const([0])), axis=0))
+            scores = b.op("Add", scores, b.op("Unsqueeze", biases[ltype], b.const([2])))  # bias [B,1,1,S,T]
+            probs = b.op("Softmax", scores, axis=-1)
+            grouped = b.op("Concat", b.const([0, kvh, -1]), b.op("Unsqueeze", total, b.const([0])), axis=0)
+            ctx = b.op("MatMul", b.op("Reshape", probs, grouped), vals)  # [B, kvh, g*S, hd]
+            ctx = b.op("Reshape", ctx, b.const([0, nh, -1, hd]))  # [B, nh, S, hd]
+            attn = b.op("Reshape", b.op("Transpose", ctx, perm=[0, 2, 1, 3]), b.const([0, 0, nh * hd]))
+        return b.op("MatMul", attn, weight(p + ".o_proj.weight", transpose=True))
+
+    def mlp(i, x):
+        p = f"model.layers.{i}.mlp"
+        gate = activation(b.op("MatMul", x, weight(p + ".gate_proj.weight", transpose=True)))
+        up = b.op("MatMul", x, weight(p + ".up_proj.weight", transpose=True))
+        return b.op("MatMul", b.op("Mul", gate, up), weight(p + ".down_proj.weight", transpose=True))
+
+    # ---- the decoder
+    embed = w["model.embed_tokens.weight"]
+    x = b.op("Gather", b.init("model.embed_tokens.weight", embed.astype(wdt)), "input_ids", axis=0)
+    if arch.embed_scale:
+        x = b.op("Mul", x, b.const(np.sqrt(H), wdt))
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}"
+        h = attention(i, rms_norm(x, p + ".input_layernorm.weight"))
+        if arch.sandwich_norm:
+            h = rms_norm(h, p + ".post_attention_layernorm.weight")
+            x = b.op("Add", x, h)
+            h = mlp(i, rms_norm(x, p + ".pre_feedforward_layernorm.weight"))
+            h = rms_norm(h, p + ".post_feedforward_layernorm.weight")
+        else:
+            x = b.op("Add", x, h)
+            h = mlp(i, rms_norm(x, p + ".post_attention_layernorm.weight"))
+        x = b.op("Add", x, h)
+    x = rms_norm(x, "model.norm.weight")
+    head = w.get("lm_head.weight", embed)
+    logits = b.op("MatMul", x, b.init("lm_head.weight.T", head.T.astype(wdt)))
+    if cfg.final_logit_softcap:
+        cap = b.const(cfg.final_logit_softcap, wdt)
+        logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap)
+    if wdt == np.float16:
+        logits = b.op("Cast", logits, to=TensorProto.FLOAT)
+        x = b.op("Cast", x, to=TensorProto.FLOAT)
+    b.rename_output(logits, "logits")
+    b.outputs.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", cfg.vocab_size]))
+    for i in range(cfg.num_layers):
+        for kind in ("key", "value"):
+            b.outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", elem, ["batch", kvh, capacity, hd]))
+    if hidden_states:
+        b.rename_output(x, "hidden_states")
+        b.outputs.append(helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", H]))
+
+    graph = helper.make_graph(b.nodes, "specdec_edge_decoder", b.inputs, b.outputs, initializer=b.inits)
+    opsets = [helper.make_opsetid("", OPSET)]
+    if flavour == "ort":
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="specdec-edge")
+    model.ir_version = IR_VERSION
+    return model

@@ -1,0 +1,168 @@
+"""An engine over one decoder graph in ONNX Runtime, with an in-place KV cache.
+
+The cache is a single numpy array ``[layers, 2, batch, kv_heads, capacity, head_dim]``.
+Each layer's key and value slice is wrapped once as an OrtValue (no copy) and bound
+both as the graph's ``past_*`` input and ``present_*`` output, so the graph writes
+new K/V in place. The valid length lives here, on the host:
+
+* ``run(ids)`` computes S new tokens over the first ``length`` cache slots and writes
+  their K/V to slots ``length .. length+S-1``; ``length`` does not move.
+* ``commit(n)`` keeps the first n of them (``length += n``); the rest are simply
+  overwritten by the next ``run`` -- rollback copies nothing.
+* ``commit(n, path=idx)`` first moves the K/V of the chosen tree nodes to consecutive
+  slots (compaction after tree verification).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec_edge.bundle import GraphSpec
+from specdec_edge.errors import SpecdecError
+
+NEG_INF = np.float32(-np.inf)
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+@dataclass
+class StepOutput:
+    logits: np.ndarray  # (S, V) float32, a view valid until the next run
+    hidden_states: np.ndarray | None = None  # (S, H)
+
+
+def causal_bias(past: int, seq: int) -> np.ndarray:
+    """(1, 1, S, past+S) float32 bias: every new token sees the cache and earlier new tokens."""
+    bias = np.zeros((1, 1, seq, past + seq), dtype=np.float32)
+    if seq > 1:
+        bias[0, 0, :, past:][np.triu_indices(seq, 1)] = NEG_INF
+    return bias
+
+
+def session_options(threads: int | None = None, share_process: bool = False) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+    opts.inter_op_num_threads = 1
+    if share_process:
+        # Two spinning thread pools in one process slow each other by ~50 %.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
+
+class OrtEngine:
+    """Runs one bundle graph with a fixed-capacity in-place KV cache (batch 1)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        graph: GraphSpec,
+        *,
+        provider: str = "cpu",
+        threads: int | None = None,
+        share_process: bool = False,
+        capacity: int | None = None,
+    ):
+        if provider not in PROVIDERS:
+            raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}.")
+        if provider != "cpu":
+            raise SpecdecError(
+                f"provider {provider!r} needs the GPU engine (issue: NVIDIA backends); "
+                "use provider='cpu' on this build."
+            )
+        wanted = PROVIDERS[provider]
+        if wanted not in ort.get_available_providers():
+            raise SpecdecError(
+                f"{wanted} is not available in this onnxruntime build "
+                f"(available: {', '.join(ort.get_available_providers())}); install the matching onnxruntime package."
+            )
+        self.graph = graph
+        self.session = ort.InferenceSession(
+            str(model_path), sess_options=session_options(threads, share_process), providers=[wanted]
+        )
+        used = self.session.get_providers()[0]
+        if used != wanted:
+            raise SpecdecError(f"requested {wanted} but ONNX Runtime is using {used}; check the GPU setup.")
+        spec = graph.cache
+        self.capacity = min(capacity or spec.capacity, spec.capacity)
+        dtype = np.float16 if spec.dtype == "float16" else np.float32
+        # (layers, K/V, batch, kv_heads, capacity, head_dim); the graph's buffers keep the exported capacity.
+        self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, spec.capacity, spec.head_dim), dtype)
+        self.length = 0
+        self.binding = self.session.io_binding()
+        # Outputs come back in binding order: logits, [hidden_states], then the cache.
+        self._bind_step_outputs()
+        self._cache_values = []
+        for layer in range(spec.num_layers):
+            for k, kind in enumerate(("key", "value")):
+                value = ort.OrtValue.ortvalue_from_numpy(self.cache[layer, k])
+                self._cache_values.append(value)  # keep alive: binds the numpy memory
+                self.binding.bind_ortvalue_input(spec.input_name(layer, kind), value)
+                self.binding.bind_ortvalue_output(spec.output_name(layer, kind), value)
+        self._n_out = 2 if graph.has_hidden_states else 1
+
+    def _bind_step_outputs(self) -> None:
+        # Rebound every step: ORT keeps the last allocation otherwise, which has the old S.
+        self.binding.bind_output("logits", "cpu")
+        if self.graph.has_hidden_states:
+            self.binding.bind_output("hidden_states", "cpu")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.graph.vocab_size
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def rollback(self, length: int) -> None:
+        """Forget every cache slot from ``length`` on (nothing is copied)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length} outside 0..{self.length}")
+        self.length = length
+
+    def run(
+        self,
+        input_ids,
+        position_ids: np.ndarray | None = None,
+        attention_bias: np.ndarray | None = None,
+    ) -> StepOutput:
+        """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
+        ids = np.asarray(input_ids, dtype=np.int64).reshape(1, -1)
+        seq = ids.shape[1]
+        past = self.length
+        if past + seq > self.capacity:
+            raise SpecdecError(
+                f"the KV cache holds {self.capacity} tokens and this step needs {past + seq}; "
+                "shorten the prompt or max_new_tokens, or export with a larger --capacity."
+            )
+        if position_ids is None:
+            position_ids = np.arange(past, past + seq, dtype=np.int64)
+        if attention_bias is None:
+            attention_bias = causal_bias(past, seq)
+        self.binding.bind_cpu_input("input_ids", ids)
+        self.binding.bind_cpu_input("position_ids", np.asarray(position_ids, dtype=np.int64).reshape(1, seq))
+        self.binding.bind_cpu_input("attention_bias", np.ascontiguousarray(attention_bias, dtype=np.float32))
+        self._bind_step_outputs()
+        self.session.run_with_iobinding(self.binding)
+        outs = self.binding.get_outputs()
+        logits = outs[0].numpy()[0]
+        hidden = outs[1].numpy()[0] if self._n_out == 2 else None
+        return StepOutput(logits, hidden)
+
+    def commit(self, n: int, path: np.ndarray | None = None) -> None:
+        """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it)."""
+        if path is not None:
+            path = np.asarray(path, dtype=np.int64)[:n]
+            if not np.array_equal(path, np.arange(n)):
+                start = self.length
+                # Fancy indexing copies the source first, so overlapping moves are safe.
+                self.cache[..., start : start + n, :] = self.cache[..., start + path, :]
+        self.length += n

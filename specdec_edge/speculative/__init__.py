@@ -1,0 +1,1 @@
+"""Speculative decoding algorithms in pure numpy: proposers, acceptance, trees, the decode loop."""

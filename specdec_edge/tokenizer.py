@@ -1,0 +1,190 @@
+"""Tokenizer for the light runtime: `tokenizers` + jinja2 chat templates, no transformers.
+
+``Tokenizer`` wraps a ``tokenizer.json`` and renders chat templates the way Hugging Face
+does (sandboxed jinja2, ``trim_blocks``/``lstrip_blocks``, ``raise_exception``,
+``strftime_now``, a non-escaping ``tojson``), so a bundle produces the same prompt ids as
+``transformers`` would. ``IncrementalDecoder`` streams text token by token without
+re-decoding everything and without splitting multi-byte characters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HFTokenizer
+
+from specdec_edge.errors import BundleError, SpecdecError
+
+_INCOMPLETE = "\ufffd"  # what a decoder emits for bytes that are not (yet) valid UTF-8
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise SpecdecError(
+            "messages must be a non-empty list of {'role': ..., 'content': ...} dicts, "
+            f"got {type(messages).__name__}."
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise SpecdecError(
+                f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}."
+            )
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise SpecdecError(f"messages[{i}] needs a string {key!r}, got {message.get(key)!r}.")
+
+
+class Tokenizer:
+    """Encode, decode and chat-format text for one model family."""
+
+    def __init__(
+        self,
+        tokenizer_file: str | Path,
+        *,
+        chat_template: str | None = None,
+        bos_token_id: int | None = None,
+        eos_token_ids: Sequence[int] = (),
+        add_bos_token: bool = False,
+        special_tokens: dict | None = None,
+    ):
+        path = Path(tokenizer_file)
+        if not path.is_file():
+            raise BundleError(f"tokenizer file {path} not found: re-export the bundle or pass a tokenizer.json.")
+        try:
+            self._tok = _HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust side raises a bare Exception
+            raise BundleError(f"tokenizer file {path} could not be read ({exc}): re-export the bundle.") from exc
+        self.chat_template = chat_template
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.add_bos_token = add_bos_token
+        self.special_tokens = dict(special_tokens or {})
+
+    @classmethod
+    def from_bundle(cls, bundle_dir: str | Path, spec) -> "Tokenizer":
+        """Build from a bundle directory and its manifest's ``TokenizerSpec``."""
+        return cls(
+            Path(bundle_dir) / spec.file,
+            chat_template=spec.chat_template,
+            bos_token_id=spec.bos_token_id,
+            eos_token_ids=spec.eos_token_ids,
+            add_bos_token=spec.add_bos_token,
+            special_tokens=spec.special_tokens,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer knows, added tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids for ``text``; prepends BOS when the model wants it and the
+        tokenizer's own post-processor did not add it."""
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def _template(self) -> jinja2.Template:
+        if self.chat_template is None:
+            raise SpecdecError(
+                "this model has no chat template: pass a plain prompt instead of chat messages."
+            )
+        return _compile_template(self.chat_template)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` ([{'role', 'content'}, ...]) to the model's prompt text."""
+        template = self._template
+        _check_messages(messages)
+        try:
+            context = {"tools": None, "documents": None, **self.special_tokens}
+            return template.render(context, messages=messages, add_generation_prompt=add_generation_prompt)
+        except jinja2.exceptions.TemplateError as exc:
+            raise SpecdecError(f"the model's chat template rejected these messages: {exc}") from exc
+
+    def is_eos(self, token_id: int) -> bool:
+        return int(token_id) in self.eos_token_ids
+
+    def decoder(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+        """A fresh streaming decoder for one generation."""
+        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+
+
+class IncrementalDecoder:
+    """Turn a stream of token ids into a stream of text.
+
+    Keeps a small window ``ids[prefix:]``: the text of ``ids[prefix:read]`` was already
+    emitted, and decoding the window with that prefix gives tokens the context they need
+    (e.g. leading-space rules). New text is emitted only when the window's text does not
+    end in U+FFFD, i.e. no multi-byte character is cut in half. Each ``add`` decodes just
+    the window, so the cost per call is proportional to the new tokens (amortised).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True):
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []  # the window: everything before it was emitted and dropped
+        self._read = 0  # window ids [0, read) are emitted; [read, end) are pending
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def add(self, token_ids: Iterable[int]) -> str:
+        """Append tokens; return only the text that became final."""
+        self._ids.extend(int(t) for t in token_ids)
+        if len(self._ids) == self._read:
+            return ""
+        prefix_text = self._decode(self._ids[: self._read])
+        text = self._decode(self._ids)
+        if len(text) <= len(prefix_text) or text.endswith(_INCOMPLETE):
+            return ""
+        return self._advance(text, prefix_text)
+
+    def flush(self) -> str:
+        """Return whatever is still held back (e.g. an incomplete character at the end)."""
+        if len(self._ids) == self._read:
+            return ""
+        prefix_text = self._decode(self._ids[: self._read])
+        text = self._decode(self._ids)
+        return self._advance(text, prefix_text)
+
+    def _advance(self, text: str, prefix_text: str) -> str:
+        # The pending ids become the next window's prefix.
+        self._ids = self._ids[self._read :]
+        self._read = len(self._ids)
+        return text[len(prefix_text) :]

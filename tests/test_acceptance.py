@@ -1,0 +1,213 @@
+"""The acceptance rules: greedy prefix matching and exact rejection sampling.
+
+Exactness is shown twice: analytically (``accepted_distribution`` equals p) and
+statistically (a chi-square goodness-of-fit test on sampled outcomes), and a
+deliberately wrong rule must fail the same statistical test.
+"""
+
+import numpy as np
+import pytest
+
+from specdec_edge.errors import SpecdecError
+from specdec_edge.sampling import make_rng, sample
+from specdec_edge.speculative.acceptance import (
+    accept_greedy,
+    accept_sampling,
+    accepted_distribution,
+    residual_distribution,
+)
+
+V = 8
+N_DRAWS = 20_000
+# Upper 0.001 quantile of the chi-square distribution with V - 1 = 7 degrees of freedom
+# (standard tables; the Wilson-Hilferty approximation gives 24.5).
+CHI2_CRIT_DF7_P001 = 24.322
+
+
+def _random_dist(rng, size, sparsity=0.0):
+    w = rng.exponential(size=size)
+    w[rng.random(size) < sparsity] = 0.0
+    if w.sum() == 0:
+        w[rng.integers(size)] = 1.0
+    return w / w.sum()
+
+
+def _one_hot(i, size=V):
+    q = np.zeros(size)
+    q[i] = 1.0
+    return q
+
+
+def _chi2(samples, p):
+    """Pearson's statistic of ``samples`` against ``p`` (which must have full support)."""
+    counts = np.bincount(samples, minlength=len(p))
+    expected = len(samples) * p
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def _first_emitted(rule, p_rows, q_rows, seed, n=N_DRAWS):
+    """Sample draft tokens from q, run ``rule``, return the first emitted token of each step."""
+    rng = make_rng(seed)
+    k = len(q_rows)
+    out = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        draft = np.array([sample(q, rng) for q in q_rows])
+        n_acc, nxt = rule(draft, q_rows, p_rows, rng)
+        out[j] = draft[0] if (k and n_acc >= 1) else nxt
+    return out
+
+
+def _always_accept(draft, q_rows, p_rows, rng):
+    return len(draft), sample(p_rows[-1], rng)
+
+
+# A target with full support, and drafts that differ from it in every way that matters.
+P0 = np.array([0.30, 0.05, 0.20, 0.10, 0.02, 0.13, 0.15, 0.05])
+DRAFTS = {
+    "dense": np.array([0.05, 0.30, 0.05, 0.20, 0.10, 0.10, 0.05, 0.15]),
+    "sparse": np.array([0.0, 0.6, 0.0, 0.0, 0.4, 0.0, 0.0, 0.0]),
+    "one_hot": _one_hot(4),
+    "equal": P0.copy(),
+}
+
+
+# --- analytic -------------------------------------------------------------------------
+
+
+def test_accepted_distribution_equals_p_exactly():
+    rng = np.random.default_rng(0)
+    for trial in range(500):
+        size = int(rng.integers(1, 40))
+        p = _random_dist(rng, size, sparsity=rng.choice([0.0, 0.5, 0.9]))
+        if trial % 3 == 0:
+            q = _one_hot(int(rng.integers(size)), size)
+        else:
+            q = _random_dist(rng, size, sparsity=rng.choice([0.0, 0.5, 0.9]))
+        np.testing.assert_allclose(accepted_distribution(p, q), p, rtol=0, atol=1e-9)
+
+
+def test_accepted_distribution_is_vectorised():
+    rng = np.random.default_rng(1)
+    p = np.stack([_random_dist(rng, V) for _ in range(5)])
+    q = np.stack([_random_dist(rng, V, sparsity=0.5) for _ in range(5)])
+    np.testing.assert_allclose(accepted_distribution(p, q), p, atol=1e-12)
+
+
+def test_residual_distribution():
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    q = np.array([0.2, 0.4, 0.2, 0.2])
+    np.testing.assert_allclose(residual_distribution(p, q), [1.0, 0, 0, 0])
+    # p == q leaves nothing to correct: fall back to p.
+    np.testing.assert_array_equal(residual_distribution(p, p), p)
+    # A one-hot draft: the residual is p with the proposed token removed.
+    np.testing.assert_allclose(residual_distribution(p, _one_hot(0, 4)), [0, 0.6, 0.4, 0])
+
+
+# --- statistical ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("draft", sorted(DRAFTS))
+def test_first_token_follows_target_chi_square(draft):
+    samples = _first_emitted(accept_sampling, np.stack([P0, P0]), DRAFTS[draft][None], seed=11)
+    assert _chi2(samples, P0) < CHI2_CRIT_DF7_P001
+
+
+@pytest.mark.parametrize("draft", ["dense", "sparse", "one_hot"])
+def test_wrong_rule_fails_chi_square(draft):
+    samples = _first_emitted(_always_accept, np.stack([P0, P0]), DRAFTS[draft][None], seed=11)
+    assert _chi2(samples, P0) > CHI2_CRIT_DF7_P001
+
+
+def test_first_token_follows_target_with_k3():
+    rng = np.random.default_rng(5)
+    p_rows = np.stack([P0] + [_random_dist(rng, V) for _ in range(3)])
+    q_rows = np.stack([DRAFTS["dense"], _random_dist(rng, V, 0.5), _one_hot(2)])
+    samples = _first_emitted(accept_sampling, p_rows, q_rows, seed=12)
+    assert _chi2(samples, P0) < CHI2_CRIT_DF7_P001
+
+
+def test_acceptance_rate_is_sum_of_min():
+    q = DRAFTS["dense"]
+    rng = make_rng(13)
+    accepted = sum(accept_sampling([sample(q, rng)], q[None], np.stack([P0, P0]), rng)[0] for _ in range(N_DRAWS))
+    rate = np.minimum(P0, q).sum()
+    assert abs(accepted / N_DRAWS - rate) < 4 * np.sqrt(rate * (1 - rate) / N_DRAWS)
+
+
+# --- sampling rule edge cases ---------------------------------------------------------
+
+
+def test_draft_equal_to_target_accepts_everything():
+    rng = make_rng(0)
+    p = np.stack([_random_dist(np.random.default_rng(i), V) for i in range(5)])
+    for _ in range(200):
+        draft = np.array([sample(row, rng) for row in p[:4]])
+        n_acc, bonus = accept_sampling(draft, p[:4], p, rng)
+        assert n_acc == 4 and 0 <= bonus < V
+
+
+def test_token_ruled_out_by_target_is_never_accepted():
+    p = np.stack([_one_hot(1), _one_hot(3)])
+    rng = make_rng(0)
+    for _ in range(100):
+        assert accept_sampling(np.array([0]), _one_hot(0)[None], p, rng) == (0, 1)
+
+
+def test_proposed_token_with_zero_draft_prob_is_safe():
+    # An inconsistent q (q(x) == 0 for the proposed x): accepted iff the target allows x.
+    p = np.stack([P0, P0])
+    q = _one_hot(0)[None]
+    rng = make_rng(0)
+    assert accept_sampling(np.array([3]), q, p, rng)[0] == 1
+    p_zero = np.stack([_one_hot(1), P0])
+    assert accept_sampling(np.array([3]), q, p_zero, rng) == (0, 1)
+
+
+def test_sampling_k0_samples_target():
+    p = _one_hot(6)[None]
+    assert accept_sampling(np.array([], dtype=np.int64), np.zeros((0, V)), p, make_rng(0)) == (0, 6)
+
+
+def test_sampling_is_reproducible():
+    rng_a, rng_b = make_rng(99), make_rng(99)
+    q = np.stack([DRAFTS["dense"]] * 3)
+    p = np.stack([P0] * 4)
+    draft = np.array([1, 3, 7])
+    assert [accept_sampling(draft, q, p, rng_a) for _ in range(50)] == [
+        accept_sampling(draft, q, p, rng_b) for _ in range(50)
+    ]
+
+
+# --- greedy ---------------------------------------------------------------------------
+
+
+def _logits_for(tokens, vocab=V):
+    logits = np.zeros((len(tokens), vocab))
+    logits[np.arange(len(tokens)), tokens] = 5.0
+    return logits
+
+
+def test_greedy_accepts_longest_matching_prefix():
+    target = _logits_for([3, 1, 4, 1])
+    assert accept_greedy(np.array([3, 1, 5]), target) == (2, 4)
+    assert accept_greedy(np.array([2, 1, 4]), target) == (0, 3)
+
+
+def test_greedy_bonus_token_when_all_match():
+    assert accept_greedy(np.array([3, 1, 4]), _logits_for([3, 1, 4, 7])) == (3, 7)
+
+
+def test_greedy_k0_is_argmax():
+    logits = np.array([[0.1, 0.9, 0.9, -2.0]])
+    assert accept_greedy(np.array([], dtype=np.int64), logits) == (0, 1)
+
+
+def test_greedy_stops_at_first_mismatch_even_if_later_tokens_match():
+    assert accept_greedy(np.array([3, 0, 4]), _logits_for([3, 1, 4, 1])) == (1, 1)
+
+
+def test_shape_errors_are_clear():
+    with pytest.raises(SpecdecError, match=r"\[k\+1, V\]"):
+        accept_greedy(np.array([1, 2]), np.zeros((2, V)))
+    with pytest.raises(SpecdecError, match="draft_probs"):
+        accept_sampling(np.array([1]), np.zeros((2, V)), np.zeros((2, V)), make_rng(0))
