@@ -58,6 +58,8 @@ def load_model(source: str, revision: str | None = None, capacity: int = 2048) -
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    transformers.logging.disable_progress_bar()  # the exporter reports its own stages
+    transformers.logging.set_verbosity_error()
     name, kwargs = resolve_source(source)
     if revision:
         kwargs["revision"] = revision

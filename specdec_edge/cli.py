@@ -1,0 +1,131 @@
+"""The `specdec-edge` command line: a thin click layer over the public API.
+
+Heavy imports (torch, transformers) happen inside `export` only, so `chat`,
+`generate` and `info` start fast and run on the light runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from specdec_edge import __version__
+from specdec_edge.errors import SpecdecError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Group(click.Group):
+    """Turns user-facing errors into one line on stderr and exit status 2 (no traceback)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SpecdecError as e:
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted.", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=Group, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="specdec-edge")
+def main():
+    """Exact speculative decoding for local LLMs: export a bundle, then chat, generate or bench."""
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--target", required=True, help="Hugging Face id, local model folder, or .gguf file.")
+@click.option("--draft", default=None, help="Optional draft model (same tokenizer as the target).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory to write.")
+@click.option("--flavour", type=click.Choice(["ort", "portable"]), default="ort", show_default=True,
+              help="ort: fused ONNX Runtime attention (fastest on CPU); portable: standard ONNX ops (TensorRT).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
+              help="Weight precision; int8/int4 are CPU quantizations of the ort flavour.")
+@click.option("--capacity", type=int, default=2048, show_default=True, help="KV cache capacity in tokens (prompt + output).")
+@click.option("--hidden-states/--no-hidden-states", default=False, show_default=True,
+              help="Also output the last hidden states (for EAGLE/Medusa heads).")
+@click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
+@click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
+def export(target, draft, out, flavour, dtype, capacity, hidden_states, revision, force):
+    """Export a target (and draft) model to a validated bundle of ONNX graphs.
+
+    \b
+    Examples:
+      specdec-edge export --target HuggingFaceTB/SmolLM2-135M-Instruct --out bundles/smollm2
+      specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --dtype int8 --out bundles/s8
+      specdec-edge export --target ./big-model --draft ./small-model --out bundles/pair
+      specdec-edge export --target ./model --flavour portable --dtype fp16 --out bundles/trt
+    """
+    from specdec_edge.export.exporter import export_bundle
+
+    path = export_bundle(target, out, draft=draft, flavour=flavour, dtype=dtype, capacity=capacity,
+                         hidden_states=hidden_states, force=force, revision=revision)
+    click.echo(f"Wrote bundle {path}")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("bundle", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def info(bundle, as_json):
+    """Summarize a bundle: models, graph contract, precision, validation errors.
+
+    \b
+    Example:
+      specdec-edge info bundles/smollm2 --json
+    """
+    from specdec_edge.bundle import manifest_summary, read_manifest
+
+    summary = manifest_summary(read_manifest(bundle))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"bundle {bundle} (schema {summary['schema_version']}, exported by specdec-edge "
+               f"{summary['exporter']['version']} on {summary['exporter'].get('created', '?')})")
+    for role in ("target", "draft"):
+        m = summary[role]
+        if m is None:
+            continue
+        v = m["validation"]
+        click.echo(f"  {role}: {m['source']}")
+        click.echo(f"    {m['architecture']}, {m['layers']} layers, vocab {m['vocab_size']}, {m['dtype']}, "
+                   f"{m['flavour']} graph, cache {m['cache_capacity']} tokens"
+                   + (", hidden states" if m["hidden_states"] else ""))
+        click.echo(f"    validation vs PyTorch: max rel err {v.get('max_rel_err', float('nan')):.2e} "
+                   f"(tolerance {v.get('tolerance')}), top-1 agreement {v.get('top1_agreement', 0):.0%}")
+    click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {'yes' if summary['chat_template'] else 'no'}")
+    click.echo(f"  {summary['files']} files, {summary['total_bytes'] / 1e6:.1f} MB")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("bundle", type=click.Path())
+def verify(bundle):
+    """Re-hash every file of a bundle against its manifest (exit 1 on mismatch).
+
+    \b
+    Example:
+      specdec-edge verify bundles/smollm2
+    """
+    from specdec_edge.bundle import verify_bundle
+
+    bad = verify_bundle(bundle)
+    if bad:
+        for rel in bad:
+            click.echo(f"MISMATCH {rel}", err=True)
+        click.echo(f"Error: {len(bad)} file(s) in {bundle} do not match the manifest; re-copy or re-export the bundle.",
+                   err=True)
+        sys.exit(1)
+    click.echo(f"OK: every file in {bundle} matches its sha256.")
+
+
+def _register_runtime_commands() -> None:
+    from specdec_edge.cli_run import chat, generate
+
+    main.add_command(chat)
+    main.add_command(generate)
+
+
+_register_runtime_commands()

@@ -1,0 +1,235 @@
+"""Export a target (and optional draft) model into a validated bundle.
+
+Stages, each reported on stderr: load -> build graph -> quantize -> validate -> write.
+Everything is written into a staging directory next to ``--out`` and renamed into place
+only after every graph validated, so a failed or interrupted export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from specdec_edge import __version__
+from specdec_edge.bundle import SCHEMA_VERSION, CacheSpec, GraphSpec, StagingDir, prepare_out_dir
+from specdec_edge.errors import ExportError
+
+DTYPES = ("fp32", "fp16", "int8", "int4")
+FLAVOURS = ("ort", "portable")
+
+
+class Progress:
+    """Stage lines on stderr: ``[target] build graph ... 3.2 s``."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def stage(self, label: str):
+        return _Stage(label, self.enabled)
+
+
+class _Stage:
+    def __init__(self, label, enabled):
+        self.label, self.enabled = label, enabled
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        if self.enabled:
+            print(f"  {self.label} ...", end="", file=sys.stderr, flush=True)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.enabled:
+            status = "done" if exc_type is None else "failed"
+            print(f" {status} ({time.perf_counter() - self.t0:.1f} s)", file=sys.stderr, flush=True)
+
+
+def export_bundle(
+    target: str,
+    out: str | Path,
+    *,
+    draft: str | None = None,
+    flavour: str = "ort",
+    dtype: str = "fp32",
+    capacity: int = 2048,
+    hidden_states: bool = False,
+    force: bool = False,
+    revision: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path."""
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
+    if flavour not in FLAVOURS:
+        raise ExportError(f"unknown --flavour {flavour!r}; choose one of {', '.join(FLAVOURS)}.")
+    if flavour == "portable" and dtype in ("int8", "int4"):
+        raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
+    if capacity < 16:
+        raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
+    prepare_out_dir(Path(out), force)  # fail before the slow load
+    from specdec_edge.export.sources import load_model
+
+    prog = Progress(progress)
+    with prog.stage(f"[target] load {target}"):
+        tgt = load_model(target, revision, capacity)
+    drf = None
+    if draft is not None:
+        with prog.stage(f"[draft] load {draft}"):
+            drf = load_model(draft, None, capacity)
+        check_same_vocab(tgt, drf)
+
+    with StagingDir(Path(out), force) as staging:
+        specs = {}
+        for role, loaded in (("target", tgt), ("draft", drf)):
+            if loaded is None:
+                continue
+            specs[role] = export_graph(
+                loaded, staging.path, role, flavour=flavour, dtype=dtype, capacity=capacity,
+                hidden_states=hidden_states, prog=prog,
+            )
+        with prog.stage("[bundle] write tokenizer and manifest"):
+            tokenizer = write_tokenizer(tgt, staging.path)
+            manifest = {
+                "schema_version": SCHEMA_VERSION,
+                "exporter": {
+                    "name": "specdec-edge",
+                    "version": __version__,
+                    "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                },
+                "target": specs["target"],
+                "draft": specs.get("draft"),
+                "tokenizer": tokenizer,
+            }
+            path = staging.commit(manifest)
+    return path
+
+
+def check_same_vocab(target, draft) -> None:
+    tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if tv != dv or target.decoder.vocab_size != draft.decoder.vocab_size:
+        diff = len(set(tv.items()) ^ set(dv.items()))
+        raise ExportError(
+            f"draft {draft.source} does not share the target's vocabulary "
+            f"(target {target.decoder.vocab_size} logits / {len(tv)} tokens, draft {draft.decoder.vocab_size} / {len(dv)}, "
+            f"{diff} differing entries); choose a draft from the same model family and tokenizer."
+        )
+
+
+def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hidden_states, prog) -> dict:
+    from specdec_edge.export.graph import build_decoder
+    from specdec_edge.export.quantize import quantize, save
+    from specdec_edge.export.validate import validate_graph
+
+    cfg = loaded.decoder
+    folder = root / role
+    folder.mkdir()
+    path = folder / "model.onnx"
+    with prog.stage(f"[{role}] build {flavour} graph ({cfg.num_layers} layers, {dtype})"):
+        graph = build_decoder(
+            cfg, flavour=flavour, dtype="fp16" if dtype == "fp16" else "fp32", capacity=capacity, hidden_states=hidden_states
+        )
+        if dtype in ("int8", "int4"):
+            fp32 = root / f".{role}-fp32"
+            fp32.mkdir()
+            save(graph, fp32 / "model.onnx")
+        else:
+            save(graph, path)
+        del graph
+    if dtype in ("int8", "int4"):
+        with prog.stage(f"[{role}] quantize to {dtype}"):
+            quantize(fp32 / "model.onnx", path, dtype)
+            for p in fp32.iterdir():
+                p.unlink()
+            fp32.rmdir()
+    if flavour == "portable":
+        with prog.stage(f"[{role}] onnx.checker full check"):
+            import onnx
+
+            try:
+                onnx.checker.check_model(str(path), full_check=True)
+            except onnx.checker.ValidationError as e:
+                raise ExportError(f"the portable graph failed onnx.checker: {e}") from None
+    cache_dtype = "float16" if dtype == "fp16" else "float32"
+    spec = GraphSpec(
+        path=f"{role}/model.onnx",
+        flavour=flavour,
+        dtype=dtype,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        cache=CacheSpec(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, cache_dtype),
+        has_hidden_states=hidden_states,
+        inputs=contract_inputs(cfg, capacity, cache_dtype),
+        outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states),
+    )
+    with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
+        report = validate_graph(path, spec, loaded.model)
+    config = loaded.model.config
+    return {
+        "role": role,
+        "source": loaded.source,
+        "revision": loaded.revision,
+        "architecture": cfg.arch.name,
+        "hf_architecture": (getattr(config, "architectures", None) or [type(loaded.model).__name__])[0],
+        "graph": asdict(spec),
+        "validation": report,
+    }
+
+
+def contract_inputs(cfg, capacity, cache_dtype) -> tuple:
+    cache = [
+        {"name": f"past_key_values.{i}.{kind}", "dtype": cache_dtype, "shape": ["batch", cfg.num_kv_heads, capacity, cfg.head_dim]}
+        for i in range(cfg.num_layers) for kind in ("key", "value")
+    ]
+    return tuple([
+        {"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]},
+        {"name": "position_ids", "dtype": "int64", "shape": ["batch", "seq"]},
+        {"name": "attention_bias", "dtype": "float32", "shape": ["batch", 1, "seq", "past+seq"],
+         "meaning": "0 = attend, -inf = masked; columns are cache slots 0..past-1 then the new tokens"},
+        *cache,
+    ])
+
+
+def contract_outputs(cfg, capacity, cache_dtype, hidden_states) -> tuple:
+    outs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "seq", cfg.vocab_size]}]
+    outs += [
+        {"name": f"present.{i}.{kind}", "dtype": cache_dtype, "shape": ["batch", cfg.num_kv_heads, capacity, cfg.head_dim],
+         "aliases": f"past_key_values.{i}.{kind}"}
+        for i in range(cfg.num_layers) for kind in ("key", "value")
+    ]
+    if hidden_states:
+        outs.append({"name": "hidden_states", "dtype": "float32", "shape": ["batch", "seq", cfg.hidden_size]})
+    return tuple(outs)
+
+
+def write_tokenizer(loaded, root: Path) -> dict:
+    tok = loaded.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        raise ExportError(f"{loaded.source} has no fast tokenizer (tokenizer.json); only fast tokenizers are supported.")
+    backend.save(str(root / "tokenizer.json"))
+    eos = set()
+    gen = getattr(loaded.model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), tok.eos_token_id):
+        if isinstance(value, int):
+            eos.add(value)
+        elif value:
+            eos.update(int(v) for v in value)
+    special = {
+        name: str(getattr(tok, name))
+        for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+        if getattr(tok, name, None) is not None
+    }
+    template = tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None
+    return {
+        "file": "tokenizer.json",
+        "vocab_size": loaded.decoder.vocab_size,
+        "eos_token_ids": sorted(eos),
+        "bos_token_id": tok.bos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        "add_bos_token": bool(getattr(tok, "add_bos_token", False)),
+        "chat_template": template,
+        "special_tokens": special,
+    }
