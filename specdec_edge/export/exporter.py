@@ -69,8 +69,12 @@ def export_bundle(
         raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
     if capacity < 16:
         raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
-    prepare_out_dir(Path(out), force)  # fail before the slow load
-    from specdec_edge.export.sources import load_model
+    from specdec_edge.export.sources import load_model, resolve_source
+
+    # Fail on bad paths and an occupied --out before the slow load.
+    for source in filter(None, (target, draft)):
+        resolve_source(source)
+    prepare_out_dir(Path(out), force)
 
     prog = Progress(progress)
     with prog.stage(f"[target] load {target}"):

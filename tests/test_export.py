@@ -1,0 +1,188 @@
+"""Export: every registered architecture in both flavours, the bundle contract, and bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from specdec_edge.bundle import read_manifest, verify_bundle
+from specdec_edge.cli import main
+from specdec_edge.export.arch import REGISTRY
+from specdec_edge.export.exporter import export_bundle
+from tests.tiny_models import make_model
+
+# One tiny model family per registered architecture (checked below so none is forgotten).
+FAMILIES = {"llama": ["llama", "mistral", "qwen2"], "gemma3": ["gemma3"]}
+
+
+def test_every_registered_architecture_is_tested():
+    assert set(FAMILIES) == set(REGISTRY)
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {kind: make_model(root / kind, kind, layers=2, seed=3) for kinds in FAMILIES.values() for kind in kinds}
+
+
+@pytest.mark.parametrize("flavour", ["ort", "portable"])
+@pytest.mark.parametrize("kind", [k for kinds in FAMILIES.values() for k in kinds])
+def test_export_validates_each_family(family_dirs, tmp_path, kind, flavour):
+    out = export_bundle(str(family_dirs[kind]), tmp_path / "b", flavour=flavour, capacity=64, progress=False)
+    m = read_manifest(out)
+    v = m.target.validation
+    for key in ("s1_max_abs_err", "s5_max_abs_err", "tree_max_abs_err"):
+        assert v[key] < 1e-4, (key, v)
+    assert v["top1_agreement"] == 1.0
+    assert m.target.graph.flavour == flavour
+    assert m.target.architecture == ("gemma3" if kind == "gemma3" else "llama")
+    graph = onnx.load(str(out / m.target.graph.path), load_external_data=False)
+    domains = {n.domain for n in graph.graph.node}
+    if flavour == "portable":
+        assert domains == {""}, "portable graphs use standard ONNX ops only"
+        onnx.checker.check_model(str(out / m.target.graph.path), full_check=True)
+    else:
+        assert any(n.op_type == "GroupQueryAttention" for n in graph.graph.node)
+    assert verify_bundle(out) == []
+
+
+def test_manifest_contract(tiny_bundle):
+    data = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert data["schema_version"] == 1
+    assert data["exporter"]["name"] == "specdec-edge"
+    g = data["target"]["graph"]
+    names = [i["name"] for i in g["inputs"]]
+    assert names[:3] == ["input_ids", "position_ids", "attention_bias"]
+    assert g["cache"]["capacity"] == 256 and g["cache"]["in_place"]
+    assert {o["name"] for o in g["outputs"]} >= {"logits", "present.0.key", "present.1.value"}
+    assert data["draft"]["graph"]["cache"]["num_layers"] == 1
+    tok = data["tokenizer"]
+    assert tok["chat_template"] and tok["eos_token_ids"] == [2]
+    for rel, entry in data["files"].items():
+        assert (tiny_bundle / rel).stat().st_size == entry["size"] and len(entry["sha256"]) == 64
+    assert {"target/model.onnx", "target/model.onnx.data", "draft/model.onnx", "tokenizer.json"} <= set(data["files"])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int8", "int4"])
+def test_precisions_export_and_validate(tiny_llama_dir, tmp_path, dtype):
+    out = export_bundle(str(tiny_llama_dir), tmp_path / dtype, dtype=dtype, capacity=64, progress=False)
+    m = read_manifest(out)
+    assert m.target.graph.dtype == dtype
+    assert m.target.validation["max_rel_err"] <= m.target.validation["tolerance"]
+    ops = {n.op_type for n in onnx.load(str(out / m.target.graph.path), load_external_data=False).graph.node}
+    if dtype == "int8":
+        assert "DynamicQuantizeLinear" in ops or "MatMulInteger" in ops
+    if dtype == "int4":
+        assert "MatMulNBits" in ops
+
+
+def test_hidden_states_output(tiny_llama_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec_edge.runtime.ort_engine import OrtEngine
+
+    out = export_bundle(str(tiny_llama_dir), tmp_path / "h", hidden_states=True, capacity=64, progress=False)
+    m = read_manifest(out)
+    engine = OrtEngine(out / m.target.graph.path, m.target.graph)
+    ids = np.array([5, 17, 42, 7, 99])
+    got = engine.run(ids).hidden_states
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with torch.no_grad():
+        want = model(torch.tensor(ids[None]), output_hidden_states=True).hidden_states[-1][0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_failed_validation_leaves_nothing(tiny_llama_dir, tmp_path, monkeypatch):
+    from specdec_edge.errors import ExportError
+    from specdec_edge.export import validate
+
+    monkeypatch.setitem(validate.TOLERANCE, "fp32", 0.0)  # any nonzero error now fails
+    with pytest.raises(ExportError, match="validation failed"):
+        export_bundle(str(tiny_llama_dir), tmp_path / "x", capacity=64, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- bad inputs: one clear line, exit 2, no traceback
+
+
+def run_cli(*args):
+    result = CliRunner().invoke(main, list(map(str, args)))
+    return result.exit_code, result.output
+
+
+def assert_clean_error(code, output, *needles):
+    assert code == 2, output
+    assert "Traceback" not in output
+    errors = [ln for ln in output.splitlines() if ln.startswith("Error: ")]
+    assert len(errors) == 1 and output.rstrip().endswith(errors[0]), output  # stage lines may precede it
+    for needle in needles:
+        assert needle in output, (needle, output)
+
+
+def test_missing_path(tmp_path):
+    assert_clean_error(*run_cli("export", "--target", tmp_path / "nope.gguf", "--out", tmp_path / "o"), "does not exist")
+    assert_clean_error(*run_cli("export", "--target", "./no/such/folder", "--out", tmp_path / "o"), "does not exist")
+
+
+def test_unknown_architecture(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100)).save_pretrained(tmp_path / "gpt2")
+    code, out = run_cli("export", "--target", tmp_path / "gpt2", "--out", tmp_path / "o")
+    assert_clean_error(code, out, "'gpt2' is not supported", "llama", "gemma3_text", "qwen2", "mistral")
+    assert not (tmp_path / "o").exists()
+
+
+def test_vocab_mismatch(tiny_llama_dir, tmp_path):
+    other = make_model(tmp_path / "other", "llama", layers=1, vocab_size=300)
+    code, out = run_cli("export", "--target", tiny_llama_dir, "--draft", other, "--out", tmp_path / "o")
+    assert_clean_error(code, out, "does not share the target's vocabulary")
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_out_dir(tiny_llama_dir, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert_clean_error(*run_cli("export", "--target", tiny_llama_dir, "--out", out), "already exists", "--force")
+    assert (out / "keep.txt").read_text() == "mine"
+    code, text = run_cli("export", "--target", tiny_llama_dir, "--out", out, "--capacity", 64, "--force")
+    assert code == 0, text
+    assert not (out / "keep.txt").exists() and (out / "manifest.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["o"], "no staging directories left behind"
+
+
+def test_corrupted_file_detected(tiny_bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_bundle, copy)
+    data = copy / "target" / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    result = CliRunner().invoke(main, ["verify", str(copy)])
+    assert result.exit_code == 1
+    assert "target/model.onnx.data" in result.output and "Traceback" not in result.output
+    assert run_cli("verify", tiny_bundle)[0] == 0
+    # a truncated file is caught on load already (size check)
+    data.write_bytes(bytes(raw[:-10]))
+    assert_clean_error(*run_cli("info", copy), "target/model.onnx.data", "corrupted")
+
+
+def test_not_a_bundle(tmp_path):
+    assert_clean_error(*run_cli("info", tmp_path), "not a specdec-edge bundle")
+
+
+def test_info_json(tiny_bundle):
+    code, out = run_cli("info", tiny_bundle, "--json")
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["target"]["layers"] == 2 and summary["draft"]["layers"] == 1
+    code, out = run_cli("info", tiny_bundle)
+    assert code == 0 and "validation vs PyTorch" in out
