@@ -1,15 +1,140 @@
-"""`chat` and `generate`: the runtime commands (light imports only)."""
+"""`chat` and `generate`: the runtime commands, thin over ``Pipeline`` (light imports only)."""
+
+from __future__ import annotations
+
+import json
 
 import click
 
+from specdec_edge.errors import SpecdecError
 
-@click.command()
-def chat():
-    """Interactive chat with a bundle (being written)."""
-    raise click.UsageError("chat is not available yet")
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.command()
-def generate():
-    """Generate text from a bundle (being written)."""
-    raise click.UsageError("generate is not available yet")
+def generation_options(f):
+    """The options shared by `chat` and `generate`."""
+    options = [
+        click.argument("bundle", type=click.Path()),
+        click.option("--method", type=click.Choice(["draft", "plain"]), default=None,
+                     help="draft: speculative decoding with the bundle's draft model (default when it has one); "
+                          "plain: the target alone."),
+        click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="Speculation length: draft tokens verified per target pass."),
+        click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Stop after this many new tokens."),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 turns it off."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 turns it off."),
+        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads per model (default: ONNX Runtime's choice)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def load(bundle, method, k, threads):
+    from specdec_edge.pipeline import Pipeline
+
+    return Pipeline.load(bundle, method=method, k=k, threads=threads)
+
+
+def stats_line(stats) -> str:
+    return (f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
+            f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms]")
+
+
+@click.command(context_settings=CONTEXT)
+@generation_options
+@click.option("--system", default=None, help="System message at the start of the conversation.")
+def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, system):
+    """Chat with a bundle in the terminal; answers stream as tokens are accepted.
+
+    \b
+    Commands: /reset (forget the conversation), /stats (last answer's stats),
+    /exit (or Ctrl-D). Ctrl-C stops the current answer.
+    \b
+    Examples:
+      specdec-edge chat bundles/smollm2
+      specdec-edge chat bundles/smollm2 --temperature 0.7 --top-p 0.9 --system "Be brief."
+      specdec-edge chat bundles/pair --method plain --threads 2
+    """
+    pipe = load(bundle, method, k, threads)
+    start = [{"role": "system", "content": system}] if system else []
+    history, last = list(start), None
+    click.echo(f"specdec-edge chat ({pipe.method}" + (f", k={pipe.k}" if pipe.method == "draft" else "")
+               + "). /reset, /stats, /exit.")
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            click.echo()
+            return
+        except KeyboardInterrupt:
+            click.echo()
+            continue
+        command = line.strip()
+        if command == "/exit":
+            return
+        if command == "/reset":
+            history, last = list(start), None
+            click.echo("(conversation reset)")
+            continue
+        if command == "/stats":
+            click.echo(json.dumps(last.stats.as_dict(), indent=2) if last else "(no answer yet)")
+            continue
+        if not command:
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            stream = pipe.stream(history, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, seed=seed)
+        except SpecdecError as e:
+            history.pop()
+            click.echo(f"Error: {e} (/reset starts a new conversation)", err=True)
+            continue
+        try:
+            for piece in stream:
+                click.echo(piece, nl=False)
+        except KeyboardInterrupt:
+            click.echo(" [stopped]", nl=False)
+        finally:
+            stream.close()
+        last = stream.result
+        history.append({"role": "assistant", "content": last.text})
+        click.echo()
+        click.secho(stats_line(last.stats), dim=True)
+
+
+@click.command(context_settings=CONTEXT)
+@generation_options
+@click.option("--prompt", required=True, help="The prompt text (sent as is, without the chat template).")
+@click.option("--chat-template", "use_template", is_flag=True, help="Wrap the prompt as a user message.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
+@click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
+def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, prompt, use_template,
+             stop, as_json):
+    """Generate text for one prompt (for scripts).
+
+    \b
+    Examples:
+      specdec-edge generate bundles/smollm2 --prompt "Once upon a time" --max-new-tokens 64
+      specdec-edge generate bundles/smollm2 --prompt "List three colours." --chat-template --json
+      specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
+    """
+    pipe = load(bundle, method, k, threads)
+    request = [{"role": "user", "content": prompt}] if use_template else prompt
+    stream = pipe.stream(request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         seed=seed, stop=list(stop))
+    with stream:
+        for piece in stream:
+            if not as_json:
+                click.echo(piece, nl=False)
+    result = stream.result
+    if as_json:
+        click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict(),
+                               "finish_reason": result.finish_reason}))
+    else:
+        click.echo()
+        click.secho(stats_line(result.stats), dim=True, err=True)

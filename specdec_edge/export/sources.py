@@ -71,8 +71,11 @@ def load_model(source: str, revision: str | None = None, capacity: int = 2048) -
         raise ExportError(f"could not read the config of {source!r}: {str(e).splitlines()[0]}") from None
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     arch = arch_for(text_config.model_type)
-    tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+    except (OSError, ValueError, ImportError) as e:
+        raise ExportError(f"could not load {source!r}: {str(e).splitlines()[0]}") from None
     model.eval()
     del transformers
     return LoadedModel(source, revision, model, tokenizer, decoder_config(model, arch, capacity))

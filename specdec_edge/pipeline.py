@@ -1,0 +1,199 @@
+"""The Python API: load a bundle once, then generate or stream text from it.
+
+    from specdec_edge import Pipeline
+    pipe = Pipeline.load("bundles/smollm2")
+    print(pipe.generate("Why is the sky blue?", max_new_tokens=64).text)
+    for piece in pipe.stream([{"role": "user", "content": "Hi!"}]):
+        print(piece, end="", flush=True)
+
+Light: numpy, onnxruntime, tokenizers, jinja2 only (no torch, no transformers).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec_edge.bundle import read_manifest
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime import OrtEngine
+from specdec_edge.sampling import SamplingParams, make_rng
+from specdec_edge.speculative.loop import decode
+from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
+from specdec_edge.speculative.stats import Stats
+from specdec_edge.tokenizer import Tokenizer
+
+METHODS = ("draft", "plain")
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated tokens; a final eos is not included
+    stats: Stats
+    finish_reason: str | None  # "eos" | "length" | "stop" | "cancelled"; None while streaming
+
+
+class StopFilter:
+    """Holds back text that could be the start of a stop string, and cuts at the first one found."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return ``(text safe to emit, stop string found)``."""
+        text = self.held + text
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.held = ""
+            return text[: min(hits)], True
+        keep = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        text, self.held = self.held, ""
+        return text
+
+
+class Stream:
+    """Text pieces as tokens are accepted; ``result`` is complete once iteration ends.
+
+    ``close()`` (from the iterating thread) or ``cancel()`` (from any thread) stops
+    generation; either way the pipeline is free for the next call.
+    """
+
+    def __init__(self, pipeline: "Pipeline", prompt_ids: list[int], stops: Sequence[str], params: SamplingParams,
+                 max_new_tokens: int):
+        self.result = GenerationResult("", [], Stats(), None)
+        self._cancel = threading.Event()
+        self._pieces = pipeline._pieces(prompt_ids, stops, params, max_new_tokens, self.result, self._cancel)
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def close(self) -> None:
+        self._pieces.close()
+        if self.result.finish_reason is None:
+            self.result.finish_reason = "cancelled"
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Pipeline:
+    """A loaded bundle: target engine, proposer and tokenizer. Calls are serialized by a lock."""
+
+    def __init__(self, tokenizer: Tokenizer, target: OrtEngine, draft: OrtEngine | None, method: str, k: int):
+        self.tokenizer = tokenizer
+        self.target = target
+        self.draft = draft
+        self.method = method
+        self.k = k
+        self.proposer = DraftModelProposer(draft) if method == "draft" else EmptyProposer()
+        self.capacity = min(e.capacity for e in (target, draft) if e is not None)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, bundle: str | Path, *, method: str | None = None, k: int = 4, threads: int | None = None,
+             provider: str = "cpu") -> "Pipeline":
+        """Load ``bundle``; ``method`` is "draft" (default when the bundle has a draft) or "plain"."""
+        root = Path(bundle)
+        manifest = read_manifest(root)
+        method = method or ("draft" if manifest.draft is not None else "plain")
+        if method not in METHODS:
+            raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
+        if method == "draft" and manifest.draft is None:
+            raise SpecdecError(f"bundle {root} has no draft model; use method='plain' or export with --draft.")
+        if method == "draft" and not (isinstance(k, int) and k >= 1):
+            raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
+        share = method == "draft"
+        target = OrtEngine(root / manifest.target.graph.path, manifest.target.graph, provider=provider,
+                           threads=threads, share_process=share)
+        draft = None
+        if share:
+            draft = OrtEngine(root / manifest.draft.graph.path, manifest.draft.graph, provider=provider,
+                              threads=threads, share_process=True)
+        return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k)
+
+    def encode(self, prompt: str | list[dict]) -> list[int]:
+        """Prompt ids: plain text as is, chat messages through the bundle's chat template."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt), add_special_tokens=False)
+        if not ids:
+            raise SpecdecError("the prompt encodes to no tokens; give some text.")
+        return ids
+
+    def stream(self, prompt: str | list[dict], max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None) -> Stream:
+        """Like ``generate`` but yields text pieces as tokens are accepted."""
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        ids = self.encode(prompt)
+        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+            raise SpecdecError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1.")
+        if len(ids) + max_new_tokens > self.capacity:
+            raise SpecdecError(
+                f"the prompt has {len(ids)} tokens and max_new_tokens is {max_new_tokens}: {len(ids) + max_new_tokens} "
+                f"exceeds the KV cache capacity of {self.capacity} tokens; shorten the prompt (or the chat "
+                "history), lower max_new_tokens, or re-export the bundle with a larger --capacity."
+            )
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        return Stream(self, ids, stops, params, max_new_tokens)
+
+    def generate(self, prompt: str | list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None) -> GenerationResult:
+        """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
+
+        temperature 0 is greedy; the output equals the target's alone (greedy: the same
+        tokens; sampling: the same distribution). Generation ends at eos, a ``stop``
+        string (not included in the text), or ``max_new_tokens``.
+        """
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def _pieces(self, prompt_ids: list[int], stops: Sequence[str], params: SamplingParams, max_new_tokens: int,
+                result: GenerationResult, cancel: threading.Event) -> Iterator[str]:
+        with self._lock:
+            decoder = self.tokenizer.decoder()
+            stop_filter = StopFilter(stops)
+            steps = decode(self.target, self.proposer, prompt_ids, max_new_tokens=max_new_tokens, params=params,
+                           k=self.k if self.method == "draft" else 0, eos_ids=self.tokenizer.eos_token_ids,
+                           rng=make_rng(params.seed), stats=result.stats, cancel=cancel)
+            try:
+                for chunk in steps:
+                    tokens = [t for t in chunk.tokens if not self.tokenizer.is_eos(t)]
+                    result.token_ids.extend(tokens)
+                    last = chunk.finish_reason is not None
+                    text, stopped = stop_filter.feed(decoder.add(tokens) + (decoder.flush() if last else ""))
+                    if text:
+                        result.text += text
+                        yield text
+                    if stopped:
+                        result.finish_reason = "stop"
+                        return
+                    if last:
+                        result.finish_reason = chunk.finish_reason
+                        tail = stop_filter.flush()
+                        if tail:
+                            result.text += tail
+                            yield tail
+                        return
+            finally:
+                steps.close()

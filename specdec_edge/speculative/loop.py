@@ -1,0 +1,145 @@
+"""The one decode loop: prefill, then repeat propose -> verify -> accept -> commit/rollback -> emit.
+
+Every method runs through ``decode``; plain decoding is the same loop with ``EmptyProposer``,
+so speed comparisons are fair. State invariant between steps:
+
+* ``context`` = prompt + every emitted token; its last token is *pending*;
+* the target cache holds exactly ``context[:-1]`` (``target.length == len(context) - 1``).
+
+A step verifies ``[pending] + draft_tokens`` in one target pass (logits row i predicts the
+token after input i), accepts ``n`` draft tokens plus the target's own next token, commits
+the ``n + 1`` inputs whose K/V are now right (rejected slots are overwritten later: rollback
+is free), and the new target token becomes the pending one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec_edge.errors import SpecdecError
+from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
+from specdec_edge.speculative.acceptance import accept_greedy, accept_sampling
+from specdec_edge.speculative.stats import Stats
+
+PREFILL_CHUNK = 256
+NEAR_TIE = 1e-3  # greedy: a top-2 logit gap below this may flip between a k-token and a 1-token pass
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one step emits: the accepted tokens, and why generation ended (None while it goes on)."""
+
+    tokens: list[int]
+    finish_reason: str | None = None  # "eos" | "length" | "cancelled"
+
+
+def prefill(engine, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> None:
+    """Reset ``engine`` and commit ``tokens`` to its cache, ``chunk`` tokens per pass."""
+    engine.reset()
+    for start in range(0, len(tokens), chunk):
+        piece = tokens[start : start + chunk]
+        engine.run(piece)
+        engine.commit(len(piece))
+
+
+def decode(
+    target,
+    proposer,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    k: int = 4,
+    eos_ids: frozenset | set = frozenset(),
+    rng: np.random.Generator | None = None,
+    stats: Stats | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[Chunk]:
+    """Generate up to ``max_new_tokens`` after ``prompt``, yielding the tokens of each step.
+
+    Stops after an eos token (emitted, and nothing after it), at ``max_new_tokens`` (a
+    proposal is cut to what is left), or when ``cancel`` is set; closing the generator
+    also stops it. ``stats`` is filled in as the loop runs.
+    """
+    if not prompt:
+        raise SpecdecError("the prompt is empty: give at least one token.")
+    if max_new_tokens < 1:
+        raise SpecdecError(f"max_new_tokens={max_new_tokens} is invalid: use a value >= 1.")
+    stats = stats if stats is not None else Stats()
+    rng = rng if rng is not None else make_rng(params.seed)
+    context = [int(t) for t in prompt]
+    stats.prompt_tokens = len(context)
+    start = time.perf_counter()
+    prefill(target, context[:-1])
+    proposer.prefill(context, params, rng)
+    stats.prefill_s = time.perf_counter() - start
+    stats.total_s = stats.prefill_s
+
+    while True:
+        if cancel is not None and cancel.is_set():
+            yield Chunk([], "cancelled")
+            return
+        left = max_new_tokens - stats.new_tokens
+        t0 = time.perf_counter()
+        proposal = proposer.propose(context, min(k, left - 1))
+        t1 = time.perf_counter()
+        logits = verify(target, context[-1], proposal.tokens)
+        t2 = time.perf_counter()
+        n, token = accept(proposal, logits, params, rng)
+        emitted = [*map(int, proposal.tokens[:n]), token]
+        finish = None
+        eos_at = next((i for i, t in enumerate(emitted) if t in eos_ids), None)
+        if eos_at is not None:
+            emitted, finish = emitted[: eos_at + 1], "eos"
+        if len(emitted) >= left:
+            emitted, finish = emitted[:left], finish or "length"
+        target.commit(len(emitted))  # the pending token + accepted drafts; the last emitted is pending now
+        context.extend(emitted)
+        t3 = time.perf_counter()
+        proposer.commit(context)
+        t4 = time.perf_counter()
+        if params.greedy:
+            stats.near_ties += count_near_ties(logits[: len(emitted)])
+        stats.steps += 1
+        stats.proposed += len(proposal.tokens)
+        stats.accepted += n
+        stats.accepted_lengths[n] += 1
+        stats.new_tokens += len(emitted)
+        stats.draft_s += (t1 - t0) + (t4 - t3)
+        stats.verify_s += t2 - t1
+        stats.total_s = t4 - start
+        yield Chunk(emitted, finish)
+        if finish is not None:
+            return
+
+
+def verify(target, pending: int, draft_tokens: np.ndarray) -> np.ndarray:
+    """One target pass over ``[pending] + draft_tokens``; returns logits ``[k+1, V]`` (a copy)."""
+    ids = np.concatenate([[pending], np.asarray(draft_tokens, dtype=np.int64)])
+    return np.array(target.run(ids).logits, dtype=np.float32)
+
+
+def accept(proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
+    """``(n_accepted, next_token)``: greedy prefix match, or exact rejection sampling on ``params``' probs."""
+    tokens = np.asarray(proposal.tokens, dtype=np.int64)
+    if params.greedy:
+        return accept_greedy(tokens, logits)
+    p = probs_from_logits(logits, params)
+    q = proposal.probs
+    if q is None:  # a deterministic proposer drew each token with probability 1
+        q = np.zeros((len(tokens), logits.shape[-1]))
+        q[np.arange(len(tokens)), tokens] = 1.0
+    return accept_sampling(tokens, q, p, rng)
+
+
+def count_near_ties(logits: np.ndarray) -> int:
+    """Rows whose top-2 logits are closer than NEAR_TIE (greedy output may depend on batching there)."""
+    if logits.shape[-1] < 2:
+        return 0
+    top2 = np.partition(logits, -2, axis=-1)[:, -2:]
+    return int(np.count_nonzero(top2[:, 1] - top2[:, 0] < NEAR_TIE))

@@ -1,0 +1,107 @@
+"""Proposers: what suggests draft tokens for the target to verify in one pass.
+
+A proposer keeps whatever state it needs across steps of one generation::
+
+    prefill(prompt, params, rng)   start a generation (the prompt's last token is pending)
+    propose(context, k) -> Proposal  up to k tokens to follow ``context``
+    commit(context)                the context after acceptance: drop what was rejected
+
+``Proposal.probs`` (q) is the distribution each token was drawn from, needed by exact
+rejection sampling; ``None`` means the tokens were chosen deterministically (q is one-hot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
+from specdec_edge.speculative.loop import prefill
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: np.ndarray  # [k] int64
+    probs: np.ndarray | None = None  # [k, V] float64 (q), or None for deterministic tokens
+
+
+EMPTY = Proposal(np.zeros(0, dtype=np.int64))
+
+
+class Proposer(Protocol):
+    def prefill(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None: ...
+
+    def propose(self, context: Sequence[int], k: int) -> Proposal: ...
+
+    def commit(self, context: Sequence[int]) -> None: ...
+
+
+class EmptyProposer:
+    """Proposes nothing: the loop becomes plain autoregressive decoding."""
+
+    def prefill(self, prompt, params, rng) -> None:
+        pass
+
+    def propose(self, context, k) -> Proposal:
+        return EMPTY
+
+    def commit(self, context) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """A smaller model with the target's tokenizer, run k times with S=1 per proposal.
+
+    Invariant: the draft cache holds ``self.seen``, a prefix of ``context[:-1]`` (plus, between
+    ``propose`` and ``commit``, the proposed tokens it has fed). ``propose`` first feeds the
+    context tokens the draft has not seen -- the pending token, and after a fully accepted
+    proposal also the last draft token, which was never fed -- then drafts; ``commit`` rolls
+    the cache back to the longest prefix of ``seen`` that the accepted context confirms.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.seen: list[int] = []
+        self.confirmed = 0  # seen[:confirmed] is known to be a prefix of the context
+        self.params = SamplingParams()
+        self.rng = np.random.default_rng()
+
+    def prefill(self, prompt, params, rng) -> None:
+        self.params, self.rng = params, rng
+        self.seen = [int(t) for t in prompt[:-1]]
+        self.confirmed = len(self.seen)
+        prefill(self.engine, self.seen)
+
+    def propose(self, context, k) -> Proposal:
+        if k <= 0:
+            return EMPTY
+        feed = [int(t) for t in context[len(self.seen) :]]
+        self.confirmed = len(context)
+        tokens, probs = [], []
+        for _ in range(k):
+            logits = self.engine.run(feed).logits[-1]
+            self.engine.commit(len(feed))
+            self.seen.extend(feed)
+            token, q = self._draw(logits)
+            tokens.append(token)
+            probs.append(q)
+            feed = [token]
+        return Proposal(np.array(tokens, dtype=np.int64), None if self.params.greedy else np.stack(probs))
+
+    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        if self.params.greedy:
+            return int(np.argmax(logits)), None
+        q = probs_from_logits(logits, self.params)
+        return sample(q, self.rng), q
+
+    def commit(self, context) -> None:
+        limit = min(len(self.seen), len(context) - 1)  # the pending token must be fed at the next propose
+        n = min(self.confirmed, limit)
+        while n < limit and self.seen[n] == context[n]:
+            n += 1
+        self.engine.rollback(n)
+        del self.seen[n:]
+        self.confirmed = n

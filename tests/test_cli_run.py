@@ -1,0 +1,76 @@
+"""`chat` and `generate` driven through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from specdec_edge import pipeline
+from specdec_edge.cli import main
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def test_generate_json(tiny_bundle):
+    res = invoke("generate", tiny_bundle, "--prompt", "The quick brown fox", "--max-new-tokens", "12", "--json",
+                 "--threads", "1")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert set(out) == {"text", "token_ids", "stats", "finish_reason"}
+    assert out["finish_reason"] in ("eos", "length") and out["stats"]["proposed"] > 0
+    plain = json.loads(invoke("generate", tiny_bundle, "--prompt", "The quick brown fox", "--max-new-tokens", "12",
+                              "--json", "--method", "plain").output)
+    assert plain["token_ids"] == out["token_ids"] and plain["stats"]["proposed"] == 0
+
+
+def test_generate_text_and_sampling_options(tiny_bundle):
+    args = ["generate", tiny_bundle, "--prompt", "hello", "--max-new-tokens", "8", "--temperature", "0.8",
+            "--top-k", "20", "--top-p", "0.9", "--seed", "3", "-k", "2", "--chat-template"]
+    a, b = invoke(*args), invoke(*args)
+    assert a.exit_code == 0 and a.stdout == b.stdout and "tokens per target pass" in a.stderr
+
+
+def test_user_errors_are_one_line(tiny_bundle, tmp_path):
+    res = invoke("generate", tiny_bundle, "--prompt", "fox " * 300)
+    assert res.exit_code == 2 and "KV cache capacity" in res.output and "Traceback" not in res.output
+    res = invoke("generate", tmp_path, "--prompt", "x")
+    assert res.exit_code == 2 and "not a specdec-edge bundle" in res.output
+
+
+def test_chat_session(tiny_bundle):
+    res = invoke("chat", tiny_bundle, "--max-new-tokens", "10", "--system", "Be brief.",
+                 input="hello\n/stats\n/reset\nagain\n/exit\n")
+    assert res.exit_code == 0, res.output
+    assert '"tokens_per_pass"' in res.output and "(conversation reset)" in res.output
+    assert res.output.count("tokens per target pass") == 2
+
+
+def test_chat_ends_on_eof_and_reports_overflow(tiny_bundle):
+    res = invoke("chat", tiny_bundle, "--max-new-tokens", "200", input="hello\n" * 3)
+    assert res.exit_code == 0, res.output
+    assert "KV cache capacity" in res.output and "/reset" in res.output
+
+
+def test_ctrl_c_stops_the_answer_not_the_chat(tiny_bundle, monkeypatch):
+    feed = pipeline.StopFilter.feed
+    calls = []
+
+    def interrupted(self, text):
+        calls.append(text)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return feed(self, text)
+
+    monkeypatch.setattr(pipeline.StopFilter, "feed", interrupted)
+    res = invoke("chat", tiny_bundle, "--max-new-tokens", "20", input="hello\nagain\n/exit\n")
+    assert res.exit_code == 0, res.output
+    assert "[stopped]" in res.output and res.output.count("tokens per target pass") == 2
+
+
+def test_help_has_examples():
+    for command in ("chat", "generate"):
+        res = invoke(command, "--help")
+        assert res.exit_code == 0 and "Examples:" in res.output and "--temperature" in res.output
