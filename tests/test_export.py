@@ -35,7 +35,7 @@ def test_export_validates_each_family(family_dirs, tmp_path, kind, flavour):
     out = export_bundle(str(family_dirs[kind]), tmp_path / "b", flavour=flavour, capacity=64, progress=False)
     m = read_manifest(out)
     v = m.target.validation
-    for key in ("s1_max_abs_err", "s5_max_abs_err", "tree_max_abs_err"):
+    for key in ("prefill_last_max_abs_err", "s1_max_abs_err", "s5_max_abs_err", "tree_max_abs_err"):
         assert v[key] < 1e-4, (key, v)
     assert v["top1_agreement"] == 1.0
     assert m.target.graph.flavour == flavour

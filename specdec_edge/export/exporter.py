@@ -192,12 +192,14 @@ def contract_inputs(cfg, capacity, cache_dtype) -> tuple:
         {"name": "position_ids", "dtype": "int64", "shape": ["batch", "seq"]},
         {"name": "attention_bias", "dtype": "float32", "shape": ["batch", 1, "seq", "past+seq"],
          "meaning": "0 = attend, -inf = masked; columns are cache slots 0..past-1 then the new tokens"},
+        {"name": "logits_to_keep", "dtype": "int64", "shape": [1],
+         "meaning": "logits are computed for the last N new positions only (1..S)"},
         *cache,
     ])
 
 
 def contract_outputs(cfg, capacity, cache_dtype, hidden_states) -> tuple:
-    outs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "seq", cfg.vocab_size]}]
+    outs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logits_to_keep", cfg.vocab_size]}]
     outs += [
         {"name": f"present.{i}.{kind}", "dtype": cache_dtype, "shape": ["batch", cfg.num_kv_heads, capacity, cfg.head_dim],
          "aliases": f"past_key_values.{i}.{kind}"}

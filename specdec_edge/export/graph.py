@@ -133,6 +133,8 @@ def build_decoder(
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
         helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT, ["batch", 1, "seq", "total"]),
+        # logits only for the last N new positions (prefill needs 1; verification needs all S)
+        helper.make_tensor_value_info("logits_to_keep", TensorProto.INT64, [1]),
     ]
     for i in range(cfg.num_layers):
         for kind in ("key", "value"):
@@ -253,7 +255,8 @@ def build_decoder(
         x = b.op("Add", x, h)
     x = rms_norm(x, "model.norm.weight")
     head = w.get("lm_head.weight", embed)
-    logits = b.op("MatMul", x, b.init("lm_head.weight.T", head.T.astype(wdt)))
+    last = b.op("Slice", x, b.op("Neg", "logits_to_keep"), b.const([np.iinfo(np.int64).max]), b.const([1]))
+    logits = b.op("MatMul", last, b.init("lm_head.weight.T", head.T.astype(wdt)))
     if cfg.final_logit_softcap:
         cap = b.const(cfg.final_logit_softcap, wdt)
         logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap)
@@ -261,7 +264,7 @@ def build_decoder(
         logits = b.op("Cast", logits, to=TensorProto.FLOAT)
         x = b.op("Cast", x, to=TensorProto.FLOAT)
     b.rename_output(logits, "logits")
-    b.outputs.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", cfg.vocab_size]))
+    b.outputs.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", cfg.vocab_size]))
     for i in range(cfg.num_layers):
         for kind in ("key", "value"):
             b.outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", elem, ["batch", kvh, capacity, hd]))

@@ -42,7 +42,7 @@ def validate_graph(model_path, graph: GraphSpec, torch_model, *, prefix_len: int
         errors[name] = float(np.abs(got - want).max())
         top1.extend((got.argmax(-1) == want.argmax(-1)).tolist())
 
-    engine.run(prefix)
+    compare("prefill_last_max_abs_err", engine.run(prefix, logits_to_keep=1).logits, ref[prefix_len - 1 : prefix_len])
     engine.commit(prefix_len)
     compare("s1_max_abs_err", engine.run(new[:1]).logits, ref[prefix_len : prefix_len + 1])
     compare("s5_max_abs_err", engine.run(new).logits, ref[prefix_len:])

@@ -133,8 +133,12 @@ class OrtEngine:
         input_ids,
         position_ids: np.ndarray | None = None,
         attention_bias: np.ndarray | None = None,
+        logits_to_keep: int | None = None,
     ) -> StepOutput:
-        """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
+        """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1.
+
+        Logits come back for the last ``logits_to_keep`` new tokens (default: all S).
+        """
         ids = np.asarray(input_ids, dtype=np.int64).reshape(1, -1)
         seq = ids.shape[1]
         past = self.length
@@ -150,6 +154,8 @@ class OrtEngine:
         self.binding.bind_cpu_input("input_ids", ids)
         self.binding.bind_cpu_input("position_ids", np.asarray(position_ids, dtype=np.int64).reshape(1, seq))
         self.binding.bind_cpu_input("attention_bias", np.ascontiguousarray(attention_bias, dtype=np.float32))
+        keep = seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq))
+        self.binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
         self._bind_step_outputs()
         self.session.run_with_iobinding(self.binding)
         outs = self.binding.get_outputs()
