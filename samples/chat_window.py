@@ -11,16 +11,17 @@ import threading
 import time
 import tkinter as tk
 
-from specdec_edge import Pipeline
+from specdec_edge import Pipeline, SpecdecError
 
 
 class ChatWindow:
-    def __init__(self, root: tk.Tk, pipe: Pipeline):
-        self.root, self.pipe = root, pipe
+    def __init__(self, root: tk.Tk, pipe: Pipeline, max_new_tokens: int = 256):
+        self.root, self.pipe, self.max_new_tokens = root, pipe, max_new_tokens
         self.history: list[dict] = []
         self.pieces: queue.Queue = queue.Queue()  # worker -> UI thread: text pieces, then None
         self.stream = None
         self.answer = ""
+        self.result = None  # the last finished answer's GenerationResult
         root.title("specdec-edge chat")
         self.text = tk.Text(root, wrap="word", height=20, width=80, state="disabled")
         self.text.pack(fill="both", expand=True)
@@ -46,11 +47,16 @@ class ChatWindow:
         prompt = self.entry.get().strip()
         if not prompt or self.stream is not None:
             return
+        try:
+            stream = self.pipe.stream([*self.history, {"role": "user", "content": prompt}],
+                                      max_new_tokens=self.max_new_tokens)
+        except SpecdecError as e:
+            self.status.configure(text=str(e))
+            return
         self.entry.delete(0, "end")
         self.history.append({"role": "user", "content": prompt})
         self.write(f"\nYou: {prompt}\nAssistant: ")
-        self.answer = ""
-        self.stream = self.pipe.stream(self.history, max_new_tokens=256)
+        self.answer, self.stream, self.result = "", stream, None
         self.send_button.configure(state="disabled")
         self.stop_button.configure(state="normal")
         threading.Thread(target=self.work, args=(self.stream,), daemon=True).start()
@@ -75,7 +81,7 @@ class ChatWindow:
         self.root.after(20, self.poll)
 
     def finish(self) -> None:
-        result = self.stream.result
+        self.result = result = self.stream.result
         self.history.append({"role": "assistant", "content": result.text})
         self.status.configure(text=f"{result.finish_reason}: {result.stats.tokens_per_s:.1f} tok/s, "
                                    f"{result.stats.tokens_per_pass:.2f} tokens per target pass")
@@ -84,10 +90,10 @@ class ChatWindow:
         self.stop_button.configure(state="disabled")
 
 
-def run_once(bundle: str, prompt: str, timeout_s: float = 30.0) -> str:
-    """Open the window, send ``prompt``, press Stop once the answer started, wait for it; return the answer."""
+def run_once(bundle: str, prompt: str, max_new_tokens: int = 200, timeout_s: float = 30.0):
+    """Open the window, send ``prompt``, press Stop once the answer started; return the GenerationResult."""
     root = tk.Tk()
-    window = ChatWindow(root, Pipeline.load(bundle))
+    window = ChatWindow(root, Pipeline.load(bundle), max_new_tokens)
     window.entry.insert(0, prompt)
     window.send_button.invoke()
     deadline = threading.Event()
@@ -97,12 +103,11 @@ def run_once(bundle: str, prompt: str, timeout_s: float = 30.0) -> str:
         time.sleep(0.005)
         if window.answer:
             window.stop_button.invoke()
-    finished = window.stream is None
-    answer = window.history[-1]["content"] if finished else None
+    result = window.result
     root.destroy()
-    if not finished:
-        raise TimeoutError(f"no answer within {timeout_s} s")
-    return answer
+    if result is None:
+        raise TimeoutError(f"no answer within {timeout_s} s: {window.status.cget('text')!r}")
+    return result
 
 
 if __name__ == "__main__":

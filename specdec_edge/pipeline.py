@@ -31,7 +31,7 @@ METHODS = ("draft", "plain")
 @dataclass
 class GenerationResult:
     text: str
-    token_ids: list[int]  # generated tokens; a final eos is not included
+    token_ids: list[int]  # generated tokens: without a final eos; up to the one that completes a stop string
     stats: Stats
     finish_reason: str | None  # "eos" | "length" | "stop" | "cancelled"; None while streaming
 
@@ -178,22 +178,23 @@ class Pipeline:
                            rng=make_rng(params.seed), stats=result.stats, cancel=cancel)
             try:
                 for chunk in steps:
-                    tokens = [t for t in chunk.tokens if not self.tokenizer.is_eos(t)]
-                    result.token_ids.extend(tokens)
-                    last = chunk.finish_reason is not None
-                    text, stopped = stop_filter.feed(decoder.add(tokens) + (decoder.flush() if last else ""))
+                    text, stopped = "", False
+                    for token in chunk.tokens:  # one at a time, so a stop string ends token_ids where it ends
+                        if self.tokenizer.is_eos(token):
+                            break
+                        result.token_ids.append(token)
+                        piece, stopped = stop_filter.feed(decoder.add([token]))
+                        text += piece
+                        if stopped:
+                            break
+                    if chunk.finish_reason is not None and not stopped:
+                        piece, stopped = stop_filter.feed(decoder.flush())
+                        text += piece + ("" if stopped else stop_filter.flush())
                     if text:
                         result.text += text
                         yield text
-                    if stopped:
-                        result.finish_reason = "stop"
-                        return
-                    if last:
-                        result.finish_reason = chunk.finish_reason
-                        tail = stop_filter.flush()
-                        if tail:
-                            result.text += tail
-                            yield tail
+                    if stopped or chunk.finish_reason is not None:
+                        result.finish_reason = "stop" if stopped else chunk.finish_reason
                         return
             finally:
                 steps.close()

@@ -122,3 +122,15 @@ def test_stats_as_dict(pipe):
                 "tokens_per_s", "prefill_s", "draft_s", "verify_s", "other_s"):
         assert key in d
     assert sum(d["accepted_lengths"].values()) == d["steps"]
+
+
+def test_stop_string_gives_the_same_tokens_with_and_without_speculation(tiny_self_bundle):
+    spec = Pipeline.load(tiny_self_bundle, threads=1)  # every proposal accepted: 5 tokens per step
+    plain = Pipeline.load(tiny_self_bundle, method="plain", threads=1)
+    full = plain.generate("The quick brown fox", max_new_tokens=40)
+    stop = full.text[12:15]
+    a = spec.generate("The quick brown fox", max_new_tokens=40, stop=stop)
+    b = plain.generate("The quick brown fox", max_new_tokens=40, stop=stop)
+    assert a.finish_reason == b.finish_reason == "stop"
+    assert (a.text, a.token_ids) == (b.text, b.token_ids) and len(a.token_ids) < len(full.token_ids)
+    assert spec.tokenizer.decode(a.token_ids).startswith(a.text + stop)

@@ -59,7 +59,9 @@ def xvfb_display():
 
 def test_chat_window_streams_and_stops(tiny_bundle, xvfb_display):
     code = ("import sys; sys.path.insert(0, 'samples'); from chat_window import run_once; "
-            f"print('ANSWER', repr(run_once({str(tiny_bundle)!r}, 'hello')))")
+            f"r = run_once({str(tiny_bundle)!r}, 'hello', max_new_tokens=200); "
+            "print('FINISH', r.finish_reason, r.stats.new_tokens, len(r.text))")
     res = run_sample("-c", code, env={**os.environ, "DISPLAY": xvfb_display})
     assert res.returncode == 0, res.stderr
-    assert "ANSWER" in res.stdout
+    finish, new_tokens, chars = res.stdout.split("FINISH ")[1].split()
+    assert finish == "cancelled" and 0 < int(new_tokens) < 200 and int(chars) > 0

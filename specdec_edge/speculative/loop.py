@@ -43,7 +43,7 @@ def prefill(engine, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> None:
     engine.reset()
     for start in range(0, len(tokens), chunk):
         piece = tokens[start : start + chunk]
-        engine.run(piece)
+        engine.run(piece, logits_to_keep=1)  # the logits are not used; keep the LM head work minimal
         engine.commit(len(piece))
 
 

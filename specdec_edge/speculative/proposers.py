@@ -82,7 +82,7 @@ class DraftModelProposer:
         self.confirmed = len(context)
         tokens, probs = [], []
         for _ in range(k):
-            logits = self.engine.run(feed).logits[-1]
+            logits = self.engine.run(feed, logits_to_keep=1).logits[-1]
             self.engine.commit(len(feed))
             self.seen.extend(feed)
             token, q = self._draw(logits)

@@ -1,0 +1,60 @@
+"""Prompt lookup decoding: propose the continuation of an earlier occurrence of the last n-gram.
+
+No extra model. Text that copies its input (summaries, answers over documents, code edits)
+repeats long spans of the prompt; when the last ``n`` tokens occurred before, the tokens that
+followed them then are a cheap, often-right guess. Longest n first; among matches of one n,
+the most recent occurrence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from specdec_edge.speculative.proposers import EMPTY, Proposal
+
+
+def lookup(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -> np.ndarray:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching tail n-gram."""
+    length = len(tokens)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        pattern = tokens[length - n :]
+        # starts i with tokens[i:i+n] == pattern and at least one token after the match (i + n < length)
+        windows = sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == pattern).all(axis=1))
+        if len(hits):
+            start = hits[-1] + n
+            return tokens[start : start + k]
+    return tokens[:0]
+
+
+class PromptLookupProposer:
+    """Proposer over prompt + output; keeps the context in a growing numpy buffer."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.buf = np.zeros(0, dtype=np.int64)
+        self.length = 0
+
+    def prefill(self, prompt, params, rng) -> None:
+        self.buf = np.zeros(max(1024, 2 * len(prompt)), dtype=np.int64)
+        self.length = 0
+        self._extend(prompt)
+
+    def _extend(self, tokens) -> None:
+        need = self.length + len(tokens)
+        if need > len(self.buf):
+            self.buf = np.concatenate([self.buf, np.zeros(max(need, len(self.buf)), dtype=np.int64)])
+        self.buf[self.length : need] = tokens
+        self.length = need
+
+    def propose(self, context, k) -> Proposal:
+        if k <= 0:
+            return EMPTY
+        tokens = lookup(self.buf[: self.length], k, self.max_ngram, self.min_ngram)
+        return Proposal(tokens.copy()) if len(tokens) else EMPTY
+
+    def commit(self, context) -> None:
+        self._extend(context[self.length :])
