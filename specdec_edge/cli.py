@@ -122,10 +122,12 @@ def verify(bundle):
 
 
 def _register_runtime_commands() -> None:
+    from specdec_edge.cli_bench import bench
     from specdec_edge.cli_run import chat, generate
 
     main.add_command(chat)
     main.add_command(generate)
+    main.add_command(bench)
 
 
 _register_runtime_commands()

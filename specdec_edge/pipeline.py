@@ -21,11 +21,12 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime import OrtEngine
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.loop import decode
+from specdec_edge.speculative.lookup import PromptLookupProposer
 from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.tokenizer import Tokenizer
 
-METHODS = ("draft", "plain")
+METHODS = ("plain", "draft", "pld")
 
 
 @dataclass
@@ -93,40 +94,70 @@ class Stream:
         self.close()
 
 
+def make_proposer(method: str, draft: OrtEngine | None, options: dict):
+    """The proposer object of one method (see speculative/)."""
+    if method == "plain":
+        return EmptyProposer()
+    if method == "draft":
+        return DraftModelProposer(draft)
+    if method == "pld":
+        return PromptLookupProposer(**options)
+    raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
+
+
 class Pipeline:
     """A loaded bundle: target engine, proposer and tokenizer. Calls are serialized by a lock."""
 
-    def __init__(self, tokenizer: Tokenizer, target: OrtEngine, draft: OrtEngine | None, method: str, k: int):
+    def __init__(self, tokenizer: Tokenizer, target: OrtEngine, draft: OrtEngine | None, method: str, k: int,
+                 options: dict | None = None, lock: threading.Lock | None = None):
+        if method not in METHODS:
+            raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
+        if method == "draft" and draft is None:
+            raise SpecdecError("this bundle has no draft model; use method 'pld' or 'plain', or export with --draft.")
+        if method != "plain" and not (isinstance(k, int) and k >= 1):
+            raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
         self.tokenizer = tokenizer
         self.target = target
         self.draft = draft
         self.method = method
         self.k = k
-        self.proposer = DraftModelProposer(draft) if method == "draft" else EmptyProposer()
+        self.options = dict(options or {})
+        try:
+            self.proposer = make_proposer(method, draft, self.options)
+        except TypeError as e:
+            raise SpecdecError(f"bad option for method {method!r}: {e}") from None
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
 
     @classmethod
     def load(cls, bundle: str | Path, *, method: str | None = None, k: int = 4, threads: int | None = None,
-             provider: str = "cpu") -> "Pipeline":
-        """Load ``bundle``; ``method`` is "draft" (default when the bundle has a draft) or "plain"."""
+             provider: str = "cpu", **options) -> "Pipeline":
+        """Load ``bundle``.
+
+        ``method``: "draft" (default when the bundle has a draft model), "pld" (prompt
+        lookup), or "plain". ``k`` is the speculation length; ``options`` go to the
+        method's proposer (pld: ``max_ngram``, ``min_ngram``).
+        """
         root = Path(bundle)
         manifest = read_manifest(root)
         method = method or ("draft" if manifest.draft is not None else "plain")
         if method not in METHODS:
             raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         if method == "draft" and manifest.draft is None:
-            raise SpecdecError(f"bundle {root} has no draft model; use method='plain' or export with --draft.")
-        if method == "draft" and not (isinstance(k, int) and k >= 1):
-            raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
-        share = method == "draft"
+            raise SpecdecError(f"bundle {root} has no draft model; use method 'pld' or 'plain', or export with --draft.")
+        share = manifest.draft is not None  # two sessions in one process: no spinning thread pools
         target = OrtEngine(root / manifest.target.graph.path, manifest.target.graph, provider=provider,
                            threads=threads, share_process=share)
         draft = None
         if share:
             draft = OrtEngine(root / manifest.draft.graph.path, manifest.draft.graph, provider=provider,
                               threads=threads, share_process=True)
-        return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k)
+        return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k, options)
+
+    def with_method(self, method: str, k: int | None = None, **options) -> "Pipeline":
+        """A pipeline over the same engines and lock with another method (for comparisons)."""
+        return Pipeline(self.tokenizer, self.target, self.draft, method, self.k if k is None else k, options,
+                        self._lock)
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt ids: plain text as is, chat messages through the bundle's chat template."""
@@ -174,7 +205,7 @@ class Pipeline:
             decoder = self.tokenizer.decoder()
             stop_filter = StopFilter(stops)
             steps = decode(self.target, self.proposer, prompt_ids, max_new_tokens=max_new_tokens, params=params,
-                           k=self.k if self.method == "draft" else 0, eos_ids=self.tokenizer.eos_token_ids,
+                           k=0 if self.method == "plain" else self.k, eos_ids=self.tokenizer.eos_token_ids,
                            rng=make_rng(params.seed), stats=result.stats, cancel=cancel)
             try:
                 for chunk in steps:
