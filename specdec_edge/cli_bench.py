@@ -1,9 +1,72 @@
-"""`bench`: speculative vs plain decoding per task category (being written)."""
+"""`bench`: speculative methods vs plain greedy decoding per task category; thin over ``specdec_edge.bench``."""
+
+from __future__ import annotations
+
+import json
 
 import click
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
-@click.command()
-def bench():
-    """Benchmark methods against plain decoding (being written)."""
-    raise click.UsageError("bench is not available yet")
+
+@click.command(context_settings=CONTEXT)
+@click.argument("bundle", type=click.Path())
+@click.option("--methods", default="plain,pld,draft", show_default=True,
+              help="Comma-separated methods (plain, draft, pld); plain always runs as the baseline. "
+                   "Methods the bundle cannot run are skipped with a message.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="Spec-Bench style JSONL (question_id, category, turns). Default: the packaged Spec-Bench copy.")
+@click.option("--categories", default=None, help="Comma-separated categories (default: all in the file).")
+@click.option("--n-per-category", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Prompts per category (the first ones in the file).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="New tokens per turn at most.")
+@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Speculation length: draft tokens verified per target pass.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads per model.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
+@click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG bar chart of speedups (needs matplotlib).")
+def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tokens, k, threads, json_out, md_out,
+          plot_out):
+    """Benchmark methods against plain greedy decoding on the same engines, per category.
+
+    Prompts run one by one, plain then each method, so load affects all alike. Every
+    method's greedy output must equal plain's; where it does not, the prompt and the first
+    differing token are listed (never silent). Prints the Markdown table.
+
+    \b
+    Examples:
+      specdec-edge bench bundles/smollm2 --methods plain,pld --json bench.json --md bench.md
+      specdec-edge bench bundles/pair --categories rag,summarization --n-per-category 5 --plot speedup.png
+      specdec-edge bench bundles/smollm2 --prompts my_prompts.jsonl --max-new-tokens 64 -k 8
+    """
+    from specdec_edge.bench import (bundle_metadata, check_methods, load_prompts, plot_speedups, require_matplotlib,
+                                    run_bench, to_markdown)
+    from specdec_edge.pipeline import Pipeline
+
+    wanted = check_methods([m.strip() for m in methods.split(",") if m.strip()])
+    if plot_out:
+        require_matplotlib()
+    cats = [c.strip() for c in categories.split(",") if c.strip()] if categories else None
+    prompts = load_prompts(prompts_file, cats, n_per_category)
+    meta = {**bundle_metadata(bundle), "threads": threads, "n_per_category": n_per_category,
+            "prompts_file": prompts_file or "packaged Spec-Bench"}
+    pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads)
+    report = run_bench(pipe, wanted, prompts, k=k, max_new_tokens=max_new_tokens, meta=meta)
+    for m, reason in report["skipped_methods"].items():
+        click.echo(f"Skipped method {m}: {reason}", err=True)
+    for d in report["divergences"]:
+        click.echo(f"Warning: {d['method']} differs from plain on prompt {d['question_id']} turn {d['turn']} "
+                   f"at token {d['position']}.", err=True)
+    table = to_markdown(report)
+    click.echo(table)
+    if json_out:
+        with open(json_out, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+    if md_out:
+        with open(md_out, "w", encoding="utf-8") as f:
+            f.write(table)
+    if plot_out:
+        plot_speedups(report, plot_out)

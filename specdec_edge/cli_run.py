@@ -15,9 +15,10 @@ def generation_options(f):
     """The options shared by `chat` and `generate`."""
     options = [
         click.argument("bundle", type=click.Path()),
-        click.option("--method", type=click.Choice(["draft", "pld", "plain"]), default=None,
+        click.option("--method", type=click.Choice(["draft", "pld", "lookahead", "plain"]), default=None,
                      help="draft: the bundle's draft model proposes (default when it has one); "
-                          "pld: prompt lookup, proposes continuations of n-grams seen earlier; plain: the target alone."),
+                          "pld: prompt lookup, proposes continuations of n-grams seen earlier; lookahead: Jacobi guesses "
+                          "+ n-gram pool, verified as a tree; plain: the target alone."),
         click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
                      help="Speculation length: draft tokens verified per target pass."),
         click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,

@@ -21,12 +21,13 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime import OrtEngine
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.loop import decode
+from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer
 from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.tokenizer import Tokenizer
 
-METHODS = ("plain", "draft", "pld")
+METHODS = ("plain", "draft", "pld", "lookahead")
 
 
 @dataclass
@@ -102,6 +103,8 @@ def make_proposer(method: str, draft: OrtEngine | None, options: dict):
         return DraftModelProposer(draft)
     if method == "pld":
         return PromptLookupProposer(**options)
+    if method == "lookahead":
+        return LookaheadProposer(**options)
     raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
 
 
@@ -135,8 +138,9 @@ class Pipeline:
         """Load ``bundle``.
 
         ``method``: "draft" (default when the bundle has a draft model), "pld" (prompt
-        lookup), or "plain". ``k`` is the speculation length; ``options`` go to the
-        method's proposer (pld: ``max_ngram``, ``min_ngram``).
+        lookup), "lookahead", or "plain". ``k`` is the speculation length (the deepest
+        proposal); ``options`` go to the method's proposer (pld: ``max_ngram``,
+        ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``).
         """
         root = Path(bundle)
         manifest = read_manifest(root)

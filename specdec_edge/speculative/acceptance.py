@@ -93,3 +93,53 @@ def accepted_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     accepted = np.minimum(p, np.asarray(q, dtype=np.float64))
     rejected_mass = 1.0 - accepted.sum(axis=-1, keepdims=True)
     return accepted + rejected_mass * residual_distribution(p, q)
+
+
+def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, int]:
+    """Greedy acceptance over a token tree.
+
+    ``logits[0]`` follows the pending token, ``logits[1 + i]`` follows node i. A node is right
+    when its token is the target's argmax after its parent; the deepest node whose whole
+    branch is right is accepted (so duplicate siblings cannot hide a longer match).
+    Returns the accepted path (node indices, root first) and the target's next token.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    best = logits.argmax(axis=-1)
+    right = tokens == best[parents + 1]
+    depth = np.zeros(len(tokens), dtype=np.int64)  # accepted depth of each node's branch, 0 = not accepted
+    for i, p in enumerate(parents):
+        if right[i] and (p < 0 or depth[p] > 0):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+    if not depth.any():
+        return np.zeros(0, dtype=np.int64), int(best[0])
+    node = int(depth.argmax())
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(int(parents[path[-1]]))
+    return np.array(path[::-1], dtype=np.int64), int(best[node + 1])
+
+
+def accept_tree_sampling(tokens: np.ndarray, parents: np.ndarray, target_probs: np.ndarray,
+                         rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """Exact sampling over a tree of deterministic proposals (recursive rejection over siblings).
+
+    At each node, try its children in order: accept child x with probability p(x); on
+    rejection set p(x) = 0 and renormalise (the residual of a one-hot draft), then try the
+    next. If every child is rejected, sample the next token from what is left of p. Each
+    emitted token is therefore distributed exactly as the target's p.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    path, node = [], -1
+    while True:
+        p = target_probs[node + 1].astype(np.float64, copy=True)
+        for child in np.flatnonzero(parents == node):
+            x = tokens[child]
+            if rng.random() * p.sum() < p[x]:  # p is renormalised implicitly by its sum
+                path.append(int(child))
+                node = int(child)
+                break
+            p[x] = 0.0
+        else:
+            total = p.sum()
+            p = p / total if total > 0 else target_probs[node + 1]
+            return np.array(path, dtype=np.int64), sample(p, rng)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from specdec_edge.speculative.proposers import EMPTY, Proposal
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
 def lookup(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -> np.ndarray:
@@ -28,7 +28,7 @@ def lookup(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -
     return tokens[:0]
 
 
-class PromptLookupProposer:
+class PromptLookupProposer(Proposer):
     """Proposer over prompt + output; keeps the context in a growing numpy buffer."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):

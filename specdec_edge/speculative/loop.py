@@ -23,8 +23,11 @@ import numpy as np
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
-from specdec_edge.speculative.acceptance import accept_greedy, accept_sampling
+from specdec_edge.speculative.acceptance import (accept_greedy, accept_sampling, accept_tree_greedy,
+                                                 accept_tree_sampling)
+from specdec_edge.speculative.proposal import EMPTY, Proposal
 from specdec_edge.speculative.stats import Stats
+from specdec_edge.speculative.tree import tree_inputs
 
 PREFILL_CHUNK = 256
 NEAR_TIE = 1e-3  # greedy: a top-2 logit gap below this may flip between a k-token and a 1-token pass
@@ -87,18 +90,23 @@ def decode(
         left = max_new_tokens - stats.new_tokens
         t0 = time.perf_counter()
         proposal = proposer.propose(context, min(k, left - 1))
+        if target.length + 1 + len(proposal.tokens) > target.capacity:
+            proposal = EMPTY  # no room to verify a proposal this wide: a plain step
         t1 = time.perf_counter()
-        logits = verify(target, context[-1], proposal.tokens)
+        logits = verify(target, context[-1], proposal)
         t2 = time.perf_counter()
-        n, token = accept(proposal, logits, params, rng)
-        emitted = [*map(int, proposal.tokens[:n]), token]
+        path, token = accept(proposal, logits, params, rng)  # path: accepted nodes, indices into the proposal
+        n = len(path)
+        proposer.observe(proposal, logits)
+        emitted = [*map(int, proposal.tokens[path]), token]
         finish = None
         eos_at = next((i for i, t in enumerate(emitted) if t in eos_ids), None)
         if eos_at is not None:
             emitted, finish = emitted[: eos_at + 1], "eos"
         if len(emitted) >= left:
             emitted, finish = emitted[:left], finish or "length"
-        target.commit(len(emitted))  # the pending token + accepted drafts; the last emitted is pending now
+        # Keep the pending token + accepted drafts (slot 0 + 1 + path); the last emitted is pending now.
+        target.commit(len(emitted), None if proposal.parents is None else np.concatenate([[0], path + 1]))
         context.extend(emitted)
         t3 = time.perf_counter()
         proposer.commit(context)
@@ -118,23 +126,41 @@ def decode(
             return
 
 
-def verify(target, pending: int, draft_tokens: np.ndarray) -> np.ndarray:
-    """One target pass over ``[pending] + draft_tokens``; returns logits ``[k+1, V]`` (a copy)."""
-    ids = np.concatenate([[pending], np.asarray(draft_tokens, dtype=np.int64)])
-    return np.array(target.run(ids).logits, dtype=np.float32)
+def verify(target, pending: int, proposal: Proposal) -> np.ndarray:
+    """One target pass over ``[pending] + proposal.tokens``; returns logits ``[1+m, V]`` (a copy).
+
+    A chain runs causally; a tree gets tree positions and an ancestor-only attention bias.
+    """
+    ids = np.concatenate([[pending], np.asarray(proposal.tokens, dtype=np.int64)])
+    if proposal.parents is None:
+        return np.array(target.run(ids).logits, dtype=np.float32)
+    positions, bias = tree_inputs(np.concatenate([[-1], proposal.parents + 1]), target.length)
+    return np.array(target.run(ids, positions, bias).logits, dtype=np.float32)
 
 
-def accept(proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
-    """``(n_accepted, next_token)``: greedy prefix match, or exact rejection sampling on ``params``' probs."""
+def accept(proposal: Proposal, logits: np.ndarray, params: SamplingParams,
+           rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """``(path, next_token)``: the accepted proposal nodes (indices, root first) and the target's token after them.
+
+    Chains: greedy prefix match, or exact rejection sampling on ``params``' probabilities.
+    Trees: the deepest node whose whole branch matches the target's greedy choices, or
+    recursive rejection sampling over each node's (deterministic) children.
+    """
     tokens = np.asarray(proposal.tokens, dtype=np.int64)
+    if proposal.parents is not None:
+        if params.greedy:
+            return accept_tree_greedy(tokens, proposal.parents, logits)
+        return accept_tree_sampling(tokens, proposal.parents, probs_from_logits(logits, params), rng)
     if params.greedy:
-        return accept_greedy(tokens, logits)
+        n, token = accept_greedy(tokens, logits)
+        return np.arange(n), token
     p = probs_from_logits(logits, params)
     q = proposal.probs
     if q is None:  # a deterministic proposer drew each token with probability 1
         q = np.zeros((len(tokens), logits.shape[-1]))
         q[np.arange(len(tokens)), tokens] = 1.0
-    return accept_sampling(tokens, q, p, rng)
+    n, token = accept_sampling(tokens, q, p, rng)
+    return np.arange(n), token
 
 
 def count_near_ties(logits: np.ndarray) -> int:

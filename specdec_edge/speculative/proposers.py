@@ -1,58 +1,25 @@
-"""Proposers: what suggests draft tokens for the target to verify in one pass.
+"""Model-free and draft-model proposers: plain decoding (no proposal) and a separate draft model.
 
-A proposer keeps whatever state it needs across steps of one generation::
-
-    prefill(prompt, params, rng)   start a generation (the prompt's last token is pending)
-    propose(context, k) -> Proposal  up to k tokens to follow ``context``
-    commit(context)                the context after acceptance: drop what was rejected
-
-``Proposal.probs`` (q) is the distribution each token was drawn from, needed by exact
-rejection sampling; ``None`` means the tokens were chosen deterministically (q is one-hot).
+The protocol they follow is in ``speculative/proposal.py``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.loop import prefill
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
-@dataclass(frozen=True)
-class Proposal:
-    tokens: np.ndarray  # [k] int64
-    probs: np.ndarray | None = None  # [k, V] float64 (q), or None for deterministic tokens
-
-
-EMPTY = Proposal(np.zeros(0, dtype=np.int64))
-
-
-class Proposer(Protocol):
-    def prefill(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None: ...
-
-    def propose(self, context: Sequence[int], k: int) -> Proposal: ...
-
-    def commit(self, context: Sequence[int]) -> None: ...
-
-
-class EmptyProposer:
+class EmptyProposer(Proposer):
     """Proposes nothing: the loop becomes plain autoregressive decoding."""
-
-    def prefill(self, prompt, params, rng) -> None:
-        pass
 
     def propose(self, context, k) -> Proposal:
         return EMPTY
 
-    def commit(self, context) -> None:
-        pass
 
-
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """A smaller model with the target's tokenizer, run k times with S=1 per proposal.
 
     Invariant: the draft cache holds ``self.seen``, a prefix of ``context[:-1]`` (plus, between

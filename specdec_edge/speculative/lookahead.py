@@ -1,0 +1,88 @@
+"""Lookahead decoding: Jacobi-style parallel guessing plus an n-gram pool, verified in one pass.
+
+Each step the target sees, after the pending token, one token tree made of two parts:
+
+* verification branch: up to ``guesses`` n-grams from the pool that start with the pending
+  token, merged into a trie; any of them may be accepted;
+* lookahead branch: a window of ``ngram - 1`` levels x ``window`` columns of guesses. Token
+  (level l, column j) attends to the pending token, level-0 tokens 0..j and column j's lower
+  levels, at position ``past + 1 + j + l`` -- which is exactly a tree (parent of (0, j) is
+  (0, j-1), parent of (l, j) is (l-1, j)), so it can be accepted too.
+
+After the pass, the target's greedy outputs at the top level become the window's next level
+(one Jacobi iteration), and each column yields an n-gram for the pool. Acceptance is the
+loop's exact tree rule, so the output is the target's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
+
+
+class LookaheadProposer(Proposer):
+    def __init__(self, window: int = 4, ngram: int = 3, guesses: int = 4, prompt_ngrams: bool = True,
+                 seed: int = 0):
+        if window < 1 or ngram < 2 or guesses < 0:
+            raise ValueError(f"need window >= 1, ngram >= 2, guesses >= 0; got {window}, {ngram}, {guesses}")
+        self.window, self.ngram, self.guesses = window, ngram, guesses
+        self.prompt_ngrams = prompt_ngrams
+        self.seed = seed
+        self.pool: dict[int, list[tuple]] = {}
+        self.levels = np.zeros((ngram - 1, window), dtype=np.int64)
+        self._window_nodes: np.ndarray | None = None  # proposal node index of each window token
+        self._last: Proposal | None = None
+
+    def prefill(self, prompt, params, rng) -> None:
+        prompt = np.asarray(prompt, dtype=np.int64)
+        self.pool = {}
+        if self.prompt_ngrams:
+            for i in range(len(prompt) - self.ngram + 1):
+                self._remember(prompt[i : i + self.ngram])
+        # Initial guesses: tokens drawn from the prompt (own generator: sampling's stream is untouched).
+        self.levels = np.random.default_rng(self.seed).choice(prompt, size=self.levels.shape)
+
+    def _remember(self, gram) -> None:
+        key, rest = int(gram[0]), tuple(int(t) for t in gram[1:])
+        grams = self.pool.setdefault(key, [])
+        if rest in grams:
+            grams.remove(rest)
+        grams.append(rest)  # most recent last
+        if len(grams) > 4 * max(self.guesses, 1):
+            del grams[0]
+
+    def propose(self, context, k) -> Proposal:
+        if k <= 0:
+            self._last = None
+            return EMPTY
+        tokens, parents, children = [], [], {}
+        for gram in reversed(self.pool.get(int(context[-1]), [])[-self.guesses :] if self.guesses else []):
+            parent = -1
+            for t in gram[:k]:
+                node = children.get((parent, t))
+                if node is None:
+                    node = children[(parent, t)] = len(tokens)
+                    tokens.append(t)
+                    parents.append(parent)
+                parent = node
+        levels, width = self.levels.shape
+        nodes = len(tokens) + np.arange(levels * width).reshape(levels, width)
+        for level in range(levels):
+            for col in range(width):
+                tokens.append(int(self.levels[level, col]))
+                if level:
+                    parents.append(int(nodes[level - 1, col]))
+                else:
+                    parents.append(int(nodes[0, col - 1]) if col else -1)
+        self._window_nodes = nodes
+        self._last = Proposal(np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64))
+        return self._last
+
+    def observe(self, proposal: Proposal, logits: np.ndarray) -> None:
+        if proposal is not self._last:  # the loop verified something else (e.g. no room left)
+            return
+        top = logits[1 + self._window_nodes[-1]].argmax(axis=-1)  # next guess for every column
+        for col in range(self.levels.shape[1]):
+            self._remember(np.concatenate([self.levels[:, col], top[col : col + 1]]))
+        self.levels = np.concatenate([self.levels[1:], top[None]], axis=0)
