@@ -66,10 +66,10 @@ class Ours:
         self.spec = self.plain.with_method("pld", k=k)
         self.name, self.spec_name = "specdec-edge fp32", f"prompt lookup k={k}"
 
-    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], float, float]:
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
         start = time.perf_counter()
         result = (self.spec if speculative else self.plain).generate(messages, max_new_tokens=max_new_tokens)
-        return result.token_ids, time.perf_counter() - start, result.stats.prefill_s
+        return result.token_ids, result.stats.new_tokens, time.perf_counter() - start, result.stats.prefill_s
 
 
 class FirstTokenTimer:
@@ -100,7 +100,7 @@ class Transformers:
         self.draft_tokens = draft_tokens
         self.name, self.spec_name = "transformers PyTorch fp32", f"prompt lookup {draft_tokens}"
 
-    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], float, float]:
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
         ids = self.torch.tensor([self.encode(messages)])
         extra = {"prompt_lookup_num_tokens": self.draft_tokens} if speculative else {}
         timer = FirstTokenTimer()
@@ -109,7 +109,8 @@ class Transformers:
             out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                       do_sample=False, streamer=timer, **extra)
         wall = time.perf_counter() - start
-        return out[0, ids.shape[1]:].tolist(), wall, (timer.first or start + wall) - start
+        new = out[0, ids.shape[1]:].tolist()  # eos included, as in our new_tokens
+        return new, len(new), wall, (timer.first or start + wall) - start
 
 
 class Genai:
@@ -125,7 +126,7 @@ class Genai:
         self.name = f"onnxruntime-genai {og.__version__} {precision}"
         self.spec_name = f"ngram {draft_tokens}"
 
-    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], float, float]:
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
         ids = self.encode(messages)
         params = self.og.GeneratorParams(self.model)
         params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
@@ -138,7 +139,8 @@ class Genai:
         while not generator.is_done():
             generator.generate_next_token()
         wall = time.perf_counter() - start
-        return list(generator.get_sequence(0))[len(ids):], wall, prefill
+        new = [int(t) for t in generator.get_sequence(0)[len(ids):]]  # eos included
+        return new, len(new), wall, prefill
 
 
 def genai_model(hf: Path, out: Path, precision: str) -> Path:
@@ -181,6 +183,56 @@ def summarize(rows: list[dict]) -> dict:
             "prefill_s": prefill / len(rows), "by_category": {c: n / s for c, (n, s) in cats.items()}}
 
 
+def measure(runtimes: list, prompts: list, rounds: int, max_new_tokens: int) -> list[dict]:
+    """Every prompt on every runtime, plain then speculative, ``rounds`` times; one row per call."""
+    for rt in runtimes:  # untimed warm-up: session start-up stays out of the numbers
+        for speculative in (False, True):
+            rt.run([{"role": "user", "content": "Say hello."}], speculative, 8)
+    rows = []
+    for rnd in range(rounds):
+        for p in prompts:
+            messages = [{"role": "user", "content": p.turns[0]}]
+            for rt in runtimes:
+                for speculative in (False, True):
+                    ids, new_tokens, wall, prefill = rt.run(messages, speculative, max_new_tokens)
+                    rows.append({"round": rnd, "runtime": rt.name, "speculative": speculative, "question_id":
+                                 p.question_id, "category": p.category, "new_tokens": new_tokens, "wall_s": wall,
+                                 "prefill_s": prefill, "token_ids": ids})
+                    print(f"round {rnd} {rt.name} {'spec' if speculative else 'plain'} {p.question_id}: "
+                          f"{new_tokens} tokens {new_tokens / wall:.1f} tok/s", file=sys.stderr)
+    return rows
+
+
+def tabulate(runtimes: list, rows: list[dict], rounds: int) -> list[dict]:
+    """One entry per (runtime, method): medians over rounds; speculative outputs compared with plain's."""
+    table = []
+    for rt in runtimes:
+        plain = {(r["round"], r["question_id"]): r["token_ids"] for r in rows
+                 if r["runtime"] == rt.name and not r["speculative"]}
+        for speculative, method in ((False, "plain"), (True, rt.spec_name)):
+            mine = [r for r in rows if r["runtime"] == rt.name and r["speculative"] == speculative]
+            per_round = [summarize([r for r in mine if r["round"] == rnd]) for rnd in range(rounds)]
+            entry = {"runtime": rt.name, "method": method}
+            for key in ("tokens_per_s", "decode_tokens_per_s", "prefill_s"):
+                entry[key] = statistics.median(s[key] for s in per_round)
+            entry["by_category"] = {c: statistics.median(s["by_category"][c] for s in per_round)
+                                    for c in per_round[0]["by_category"]}
+            same = sum(r["token_ids"] == plain[r["round"], r["question_id"]] for r in mine)
+            entry["identical"] = f"{same} of {len(mine)}" if speculative else "–"
+            table.append(entry)
+    return table
+
+
+def to_markdown(table: list[dict], categories: list[str]) -> str:
+    lines = ["| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | tok/s " + " / ".join(categories)
+             + " | identical to its plain |", "|---|---|---:|---:|---:|---:|---|"]
+    for e in table:
+        by_category = " / ".join(format(e["by_category"][c], ".1f") for c in categories)
+        lines.append(f"| {e['runtime']} | {e['method']} | {e['tokens_per_s']:.1f} | {e['decode_tokens_per_s']:.1f} "
+                     f"| {e['prefill_s']:.2f} | {by_category} | {e['identical']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, required=True, help="our fp32 bundle of the same model")
@@ -198,44 +250,9 @@ def main() -> None:
 
     prompts = load_prompts(None, args.categories.split(","), args.n_per_category)
     runtimes = make_runtimes(args)
-    for rt in runtimes:  # untimed warm-up: session start-up stays out of the numbers
-        for speculative in (False, True):
-            rt.run([{"role": "user", "content": "Say hello."}], speculative, 8)
-    rows = []
-    for rnd in range(args.rounds):
-        for p in prompts:
-            messages = [{"role": "user", "content": p.turns[0]}]
-            for rt in runtimes:
-                for speculative in (False, True):
-                    ids, wall, prefill = rt.run(messages, speculative, args.max_new_tokens)
-                    rows.append({"round": rnd, "runtime": rt.name, "speculative": speculative, "question_id":
-                                 p.question_id, "category": p.category, "new_tokens": len(ids), "wall_s": wall,
-                                 "prefill_s": prefill, "token_ids": ids})
-                    print(f"round {rnd} {rt.name} {'spec' if speculative else 'plain'} {p.question_id}: "
-                          f"{len(ids)} tokens {len(ids) / wall:.1f} tok/s", file=sys.stderr)
-    table = []
-    for rt in runtimes:
-        plain = {(r["round"], r["question_id"]): r["token_ids"] for r in rows
-                 if r["runtime"] == rt.name and not r["speculative"]}
-        for speculative, method in ((False, "plain"), (True, rt.spec_name)):
-            mine = [r for r in rows if r["runtime"] == rt.name and r["speculative"] == speculative]
-            per_round = [summarize([r for r in mine if r["round"] == rnd]) for rnd in range(args.rounds)]
-            entry = {"runtime": rt.name, "method": method}
-            for key in ("tokens_per_s", "decode_tokens_per_s", "prefill_s"):
-                entry[key] = statistics.median(s[key] for s in per_round)
-            entry["by_category"] = {c: statistics.median(s["by_category"][c] for s in per_round)
-                                    for c in per_round[0]["by_category"]}
-            same = sum(r["token_ids"] == plain[r["round"], r["question_id"]] for r in mine)
-            entry["identical"] = f"{same} of {len(mine)}" if speculative else "–"
-            table.append(entry)
-    cats = list(dict.fromkeys(p.category for p in prompts))
-    lines = ["| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | tok/s " + " / ".join(cats)
-             + " | identical to its plain |", "|---|---|---:|---:|---:|---:|---|"]
-    for e in table:
-        lines.append(f"| {e['runtime']} | {e['method']} | {e['tokens_per_s']:.1f} | {e['decode_tokens_per_s']:.1f} "
-                     f"| {e['prefill_s']:.2f} | {' / '.join(format(e['by_category'][c], '.1f') for c in cats)} "
-                     f"| {e['identical']} |")
-    print("\n".join(lines))
+    rows = measure(runtimes, prompts, args.rounds, args.max_new_tokens)
+    table = tabulate(runtimes, rows, args.rounds)
+    print(to_markdown(table, list(dict.fromkeys(p.category for p in prompts))))
     if args.json:
         meta = {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
         meta["prompts"] = [p.question_id for p in prompts]

@@ -118,8 +118,8 @@ def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: in
               meta: dict | None = None, progress: bool = True) -> dict:
     """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
 
-    Methods the pipeline cannot run (e.g. "draft" without a draft model) are skipped and
-    listed under ``skipped`` with the reason; so are prompts too long for the KV cache.
+    Methods the pipeline cannot run (e.g. "draft" without a draft model) are listed under
+    ``skipped_methods`` with the reason, prompts too long for the KV cache under ``skipped_prompts``.
     """
     pipes, skipped = {}, {}
     for m in check_methods(methods):

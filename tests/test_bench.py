@@ -37,11 +37,11 @@ def bench_args(bundle, prompts_file, *extra):
 
 def test_bench_writes_reports_and_is_exact(tiny_bundle, prompts_file, tmp_path):
     out = {ext: tmp_path / f"bench.{ext}" for ext in ("json", "md", "png")}
-    res = invoke(*bench_args(tiny_bundle, prompts_file, "--methods", "plain,pld,draft", "-k", "3",
+    res = invoke(*bench_args(tiny_bundle, prompts_file, "--methods", "plain,pld,draft,lookahead", "-k", "3",
                              "--json", out["json"], "--md", out["md"], "--plot", out["png"]))
     assert res.exit_code == 0, res.output
     report = json.loads(out["json"].read_text())
-    assert set(report["results"]) == {"plain", "pld", "draft"}
+    assert set(report["results"]) == {"plain", "pld", "draft", "lookahead"}
     meta = report["meta"]
     assert meta["k"] == 3 and meta["threads"] == 1 and meta["max_new_tokens"] == 16 and meta["dtype"] == "fp32"
     assert meta["prompts_per_category"] == {"copy": 1, "chat": 1} and "onnxruntime" in meta["versions"]

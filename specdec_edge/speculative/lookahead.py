@@ -79,7 +79,7 @@ class LookaheadProposer(Proposer):
         self._last = Proposal(np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64))
         return self._last
 
-    def observe(self, proposal: Proposal, logits: np.ndarray) -> None:
+    def observe(self, proposal: Proposal, logits: np.ndarray, hidden=None) -> None:
         if proposal is not self._last:  # the loop verified something else (e.g. no room left)
             return
         top = logits[1 + self._window_nodes[-1]].argmax(axis=-1)  # next guess for every column

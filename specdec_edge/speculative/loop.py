@@ -93,11 +93,11 @@ def decode(
         if target.length + 1 + len(proposal.tokens) > target.capacity:
             proposal = EMPTY  # no room to verify a proposal this wide: a plain step
         t1 = time.perf_counter()
-        logits = verify(target, context[-1], proposal)
+        logits, hidden = verify(target, context[-1], proposal)
         t2 = time.perf_counter()
         path, token = accept(proposal, logits, params, rng)  # path: accepted nodes, indices into the proposal
         n = len(path)
-        proposer.observe(proposal, logits)
+        proposer.observe(proposal, logits, hidden)
         emitted = [*map(int, proposal.tokens[path]), token]
         finish = None
         eos_at = next((i for i, t in enumerate(emitted) if t in eos_ids), None)
@@ -126,16 +126,20 @@ def decode(
             return
 
 
-def verify(target, pending: int, proposal: Proposal) -> np.ndarray:
-    """One target pass over ``[pending] + proposal.tokens``; returns logits ``[1+m, V]`` (a copy).
+def verify(target, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.ndarray | None]:
+    """One target pass over ``[pending] + proposal.tokens``.
 
-    A chain runs causally; a tree gets tree positions and an ancestor-only attention bias.
+    Returns copies of the logits ``[1+m, V]`` and, when the graph has them, the hidden states
+    ``[1+m, H]``. A chain runs causally; a tree gets tree positions and an ancestor-only bias.
     """
     ids = np.concatenate([[pending], np.asarray(proposal.tokens, dtype=np.int64)])
     if proposal.parents is None:
-        return np.array(target.run(ids).logits, dtype=np.float32)
-    positions, bias = tree_inputs(np.concatenate([[-1], proposal.parents + 1]), target.length)
-    return np.array(target.run(ids, positions, bias).logits, dtype=np.float32)
+        out = target.run(ids)
+    else:
+        positions, bias = tree_inputs(np.concatenate([[-1], proposal.parents + 1]), target.length)
+        out = target.run(ids, positions, bias)
+    hidden = None if out.hidden_states is None else np.array(out.hidden_states, dtype=np.float32)
+    return np.array(out.logits, dtype=np.float32), hidden
 
 
 def accept(proposal: Proposal, logits: np.ndarray, params: SamplingParams,

@@ -4,7 +4,8 @@ A proposer keeps whatever state it needs across the steps of one generation::
 
     prefill(prompt, params, rng)      start a generation (the prompt's last token is pending)
     propose(context, k) -> Proposal   tokens to verify after ``context`` (at most k deep)
-    observe(proposal, logits)         the target's logits for [pending] + proposal (lookahead learns here)
+    observe(proposal, logits, hidden) the target's logits (and hidden states, if the graph has them)
+                                      for [pending] + proposal: lookahead and feature-based heads learn here
     commit(context)                   the context after acceptance: drop what was rejected
 
 ``Proposal.parents`` makes the tokens a tree: node i's parent among the proposal's nodes,
@@ -39,7 +40,7 @@ class Proposer:
     def propose(self, context, k: int) -> Proposal:
         raise NotImplementedError
 
-    def observe(self, proposal: Proposal, logits: np.ndarray) -> None:
+    def observe(self, proposal: Proposal, logits: np.ndarray, hidden: np.ndarray | None = None) -> None:
         pass
 
     def commit(self, context) -> None:

@@ -1,0 +1,71 @@
+"""Share of decode time spent outside ONNX Runtime calls (the loop's own overhead).
+
+Usage:
+  python benchmarks/loop_overhead.py BUNDLE --method draft --k 4 --n 6 --max-new-tokens 128
+
+Times every ``InferenceSession.run_with_iobinding`` of the target and draft engines; the
+rest of the decode time (after prefill) is the loop: proposing, acceptance, cache
+bookkeeping, detokenization, stop handling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib import resources
+
+from specdec_edge import Pipeline
+
+
+def timed(session, bucket: list):
+    run = session.run_with_iobinding
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            bucket[0] += time.perf_counter() - t0
+
+    session.run_with_iobinding = wrapper
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle")
+    ap.add_argument("--method", default="draft")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--n", type=int, default=6, help="prompts (Spec-Bench, first of each category)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    pipe = Pipeline.load(args.bundle, method=args.method, k=args.k, threads=args.threads)
+    inside = [0.0]
+    for engine in filter(None, (pipe.target, pipe.draft)):
+        timed(engine.session, inside)
+    rows = [json.loads(x) for x in resources.files("specdec_edge").joinpath("data/spec_bench_question.jsonl").read_text().splitlines()]
+    seen, prompts = set(), []
+    for r in rows:
+        if r["category"] not in seen:
+            seen.add(r["category"])
+            prompts.append([{"role": "user", "content": r["turns"][0]}])
+    decode_s = ort_s = 0.0
+    tokens = passes = 0
+    for messages in prompts[: args.n]:
+        stream = pipe.stream(messages, max_new_tokens=args.max_new_tokens)
+        first = None
+        for _ in stream:
+            if first is None:  # prefill and the first step are done: count from here
+                first = (time.perf_counter(), inside[0])
+        end = (time.perf_counter(), inside[0])
+        decode_s += end[0] - first[0]
+        ort_s += end[1] - first[1]
+        tokens += stream.result.stats.new_tokens
+        passes += stream.result.stats.steps
+    print(f"method {args.method} k={args.k}: {tokens} tokens in {passes} target passes, decode {decode_s:.2f} s, "
+          f"inside ONNX Runtime {ort_s:.2f} s, outside {decode_s - ort_s:.3f} s = {100 * (decode_s - ort_s) / decode_s:.1f} %")
+
+
+if __name__ == "__main__":
+    main()
