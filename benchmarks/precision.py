@@ -74,9 +74,9 @@ def main() -> None:
             outs.append(toks)
             times += st
         size = sum(e["size"] for rel, e in m.files.items() if rel.startswith("target/"))
-        results[str(bundle)] = {"dtype": m.target.graph.dtype, "outs": outs, "ms": 1000 * statistics.median(times), "mb": size / 1e6}
+        results[str(bundle)] = {"dtype": f"{m.target.graph.flavour} {m.target.graph.dtype}", "outs": outs, "ms": 1000 * statistics.median(times), "mb": size / 1e6}
     ref = results[str(args.ref)]["outs"]
-    print("| precision | size (MB) | median ms / token (S=1) | identical to fp32 | mean common prefix (tokens) |")
+    print("| graph | size (MB) | median ms / token (S=1) | identical to fp32 | mean common prefix (tokens) |")
     print("|---|---|---|---|---|")
     for r in results.values():
         same = [a == b for a, b in zip(r["outs"], ref)]
