@@ -29,16 +29,18 @@ def generation_options(f):
         click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads per model (default: ONNX Runtime's choice)."),
+        click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True,
+                     help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu)."),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def load(bundle, method, k, threads):
+def load(bundle, method, k, threads, provider="cpu"):
     from specdec_edge.pipeline import Pipeline
 
-    return Pipeline.load(bundle, method=method, k=k, threads=threads)
+    return Pipeline.load(bundle, method=method, k=k, threads=threads, provider=provider)
 
 
 def stats_line(stats) -> str:
@@ -49,7 +51,7 @@ def stats_line(stats) -> str:
 @click.command(context_settings=CONTEXT)
 @generation_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
-def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, system):
+def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, provider, system):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
@@ -61,7 +63,7 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
       specdec-edge chat bundles/smollm2 --temperature 0.7 --top-p 0.9 --system "Be brief."
       specdec-edge chat bundles/pair --method plain --threads 2
     """
-    pipe = load(bundle, method, k, threads)
+    pipe = load(bundle, method, k, threads, provider)
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
     click.echo(f"specdec-edge chat ({pipe.method}" + (f", k={pipe.k}" if pipe.method == "draft" else "")
@@ -114,7 +116,7 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
 @click.option("--chat-template", "use_template", is_flag=True, help="Wrap the prompt as a user message.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
-def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, prompt, use_template,
+def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, provider, prompt, use_template,
              stop, as_json):
     """Generate text for one prompt (for scripts).
 
@@ -124,7 +126,7 @@ def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed,
       specdec-edge generate bundles/smollm2 --prompt "List three colours." --chat-template --json
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
     """
-    pipe = load(bundle, method, k, threads)
+    pipe = load(bundle, method, k, threads, provider)
     request = [{"role": "user", "content": prompt}] if use_template else prompt
     stream = pipe.stream(request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed, stop=list(stop))

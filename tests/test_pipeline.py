@@ -134,3 +134,14 @@ def test_stop_string_gives_the_same_tokens_with_and_without_speculation(tiny_sel
     assert a.finish_reason == b.finish_reason == "stop"
     assert (a.text, a.token_ids) == (b.text, b.token_ids) and len(a.token_ids) < len(full.token_ids)
     assert spec.tokenizer.decode(a.token_ids).startswith(a.text + stop)
+
+
+def test_unavailable_provider_is_a_clear_error(tiny_bundle):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA; the error path needs a CPU-only build")
+    with pytest.raises(SpecdecError, match="CUDAExecutionProvider is not available"):
+        Pipeline.load(tiny_bundle, provider="cuda")
+    with pytest.raises(SpecdecError, match="unknown provider"):
+        Pipeline.load(tiny_bundle, provider="tpu")
