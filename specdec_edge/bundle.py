@@ -102,6 +102,7 @@ class Manifest:
     tokenizer: TokenizerSpec
     draft: ModelSpec | None = None
     files: dict = field(default_factory=dict)  # relpath -> {"sha256", "size"}
+    heads: dict | None = None  # trained draft heads: method -> graph, settings, training summary; "default"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -126,6 +127,7 @@ class Manifest:
             draft=model(data.get("draft")),
             tokenizer=TokenizerSpec(**tok),
             files=data.get("files", {}),
+            heads=data.get("heads"),
         )
 
 

@@ -20,6 +20,7 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime import OrtEngine
 from specdec_edge.sampling import SamplingParams, make_rng
+from specdec_edge.speculative.heads import EagleProposer, FeatureTap, MedusaProposer, load_head_graphs
 from specdec_edge.speculative.loop import decode
 from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer
@@ -27,7 +28,7 @@ from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.tokenizer import Tokenizer
 
-METHODS = ("plain", "draft", "pld", "lookahead")
+METHODS = ("plain", "draft", "pld", "lookahead", "eagle", "medusa")
 
 
 @dataclass
@@ -95,8 +96,9 @@ class Stream:
         self.close()
 
 
-def make_proposer(method: str, draft: OrtEngine | None, options: dict):
-    """The proposer object of one method (see speculative/)."""
+def make_proposer(method: str, draft: OrtEngine | None, options: dict, target: OrtEngine | None = None,
+                  heads: dict | None = None):
+    """The proposer object of one method (see speculative/); head methods also need the target and its heads."""
     if method == "plain":
         return EmptyProposer()
     if method == "draft":
@@ -105,6 +107,12 @@ def make_proposer(method: str, draft: OrtEngine | None, options: dict):
         return PromptLookupProposer(**options)
     if method == "lookahead":
         return LookaheadProposer(**options)
+    if method in ("eagle", "medusa"):
+        if method not in (heads or {}):
+            raise SpecdecError(f"this bundle has no {method} heads; train them with `specdec-edge train-draft "
+                               f"--method {method}` and export with --heads, or use method 'pld'.")
+        proposer = EagleProposer if method == "eagle" else MedusaProposer
+        return proposer(heads[method], FeatureTap(target), **options)
     raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
 
 
@@ -112,7 +120,7 @@ class Pipeline:
     """A loaded bundle: target engine, proposer and tokenizer. Calls are serialized by a lock."""
 
     def __init__(self, tokenizer: Tokenizer, target: OrtEngine, draft: OrtEngine | None, method: str, k: int,
-                 options: dict | None = None, lock: threading.Lock | None = None):
+                 options: dict | None = None, lock: threading.Lock | None = None, heads: dict | None = None):
         if method not in METHODS:
             raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         if method == "draft" and draft is None:
@@ -125,8 +133,9 @@ class Pipeline:
         self.method = method
         self.k = k
         self.options = dict(options or {})
+        self.heads = heads or {}
         try:
-            self.proposer = make_proposer(method, draft, self.options)
+            self.proposer = make_proposer(method, draft, self.options, target, self.heads)
         except TypeError as e:
             raise SpecdecError(f"bad option for method {method!r}: {e}") from None
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
@@ -140,28 +149,31 @@ class Pipeline:
         ``method``: "draft" (default when the bundle has a draft model), "pld" (prompt
         lookup), "lookahead", or "plain". ``k`` is the speculation length (the deepest
         proposal); ``options`` go to the method's proposer (pld: ``max_ngram``,
-        ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``).
+        ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``; eagle: ``topk``, ``nodes``;
+        medusa: ``tree``). A bundle with trained heads defaults to its best measured head method.
         """
         root = Path(bundle)
         manifest = read_manifest(root)
-        method = method or ("draft" if manifest.draft is not None else "plain")
+        heads = manifest.heads or {}
+        method = method or heads.get("default") or ("draft" if manifest.draft is not None else "plain")
         if method not in METHODS:
             raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         if method == "draft" and manifest.draft is None:
             raise SpecdecError(f"bundle {root} has no draft model; use method 'pld' or 'plain', or export with --draft.")
-        share = manifest.draft is not None  # two sessions in one process: no spinning thread pools
+        share = manifest.draft is not None or bool(heads)  # several sessions in one process: no spinning pools
         target = OrtEngine(root / manifest.target.graph.path, manifest.target.graph, provider=provider,
                            threads=threads, share_process=share)
         draft = None
         if share:
             draft = OrtEngine(root / manifest.draft.graph.path, manifest.draft.graph, provider=provider,
                               threads=threads, share_process=True)
-        return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k, options)
+        return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k, options,
+                   heads=load_head_graphs(root, heads, threads))
 
     def with_method(self, method: str, k: int | None = None, **options) -> "Pipeline":
         """A pipeline over the same engines and lock with another method (for comparisons)."""
         return Pipeline(self.tokenizer, self.target, self.draft, method, self.k if k is None else k, options,
-                        self._lock)
+                        self._lock, self.heads)
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt ids: plain text as is, chat messages through the bundle's chat template."""
@@ -208,7 +220,8 @@ class Pipeline:
         with self._lock:
             decoder = self.tokenizer.decoder()
             stop_filter = StopFilter(stops)
-            steps = decode(self.target, self.proposer, prompt_ids, max_new_tokens=max_new_tokens, params=params,
+            target = getattr(self.proposer, "tap", self.target)  # head methods read the target's features
+            steps = decode(target, self.proposer, prompt_ids, max_new_tokens=max_new_tokens, params=params,
                            k=0 if self.method == "plain" else self.k, eos_ids=self.tokenizer.eos_token_ids,
                            rng=make_rng(params.seed), stats=result.stats, cancel=cancel)
             try:

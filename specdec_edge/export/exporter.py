@@ -56,11 +56,15 @@ def export_bundle(
     dtype: str = "fp32",
     capacity: int = 2048,
     hidden_states: bool = False,
+    heads: tuple = (),
     force: bool = False,
     revision: str | None = None,
     progress: bool = True,
 ) -> Path:
-    """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path."""
+    """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path.
+
+    ``heads``: trained heads folders (``train-draft``) to add as graphs; implies ``hidden_states``.
+    """
     if dtype not in DTYPES:
         raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
     if flavour not in FLAVOURS:
@@ -75,6 +79,7 @@ def export_bundle(
     for source in filter(None, (target, draft)):
         resolve_source(source)
     prepare_out_dir(Path(out), force)
+    hidden_states = hidden_states or bool(heads)
 
     prog = Progress(progress)
     with prog.stage(f"[target] load {target}"):
@@ -94,7 +99,7 @@ def export_bundle(
                 loaded, staging.path, role, flavour=flavour, dtype=dtype, capacity=capacity,
                 hidden_states=hidden_states, prog=prog,
             )
-        with prog.stage("[bundle] write tokenizer and manifest"):
+        with prog.stage("[bundle] write tokenizer"):
             tokenizer = write_tokenizer(tgt, staging.path)
             manifest = {
                 "schema_version": SCHEMA_VERSION,
@@ -107,6 +112,14 @@ def export_bundle(
                 "draft": specs.get("draft"),
                 "tokenizer": tokenizer,
             }
+        if heads:
+            from specdec_edge.export.heads import export_heads
+
+            with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
+                embed = tgt.decoder.weights["model.embed_tokens.weight"]
+                manifest["heads"] = export_heads(heads, embed, tgt.decoder.weights.get("lm_head.weight", embed),
+                                                 staging.path)
+        with prog.stage("[bundle] write manifest"):
             path = staging.commit(manifest)
     return path
 
