@@ -73,14 +73,15 @@ class Ours:
 
 
 class FirstTokenTimer:
-    """A transformers streamer that notes when the first generated token arrives."""
+    """A transformers streamer that notes when the first generated token arrives (after the prompt's put)."""
 
-    def __init__(self):
-        self.puts, self.first = 0, None
+    def __init__(self, prompt_len: int):
+        self.prompt_len, self.prompt_seen, self.first = prompt_len, False, None
 
     def put(self, value) -> None:
-        self.puts += 1
-        if self.puts == 2:  # the first put is the prompt
+        if not self.prompt_seen and value.numel() == self.prompt_len:
+            self.prompt_seen = True
+        elif self.first is None:
             self.first = time.perf_counter()
 
     def end(self) -> None:
@@ -103,7 +104,7 @@ class Transformers:
     def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
         ids = self.torch.tensor([self.encode(messages)])
         extra = {"prompt_lookup_num_tokens": self.draft_tokens} if speculative else {}
-        timer = FirstTokenTimer()
+        timer = FirstTokenTimer(ids.shape[1])
         start = time.perf_counter()
         with self.torch.inference_mode():
             out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=max_new_tokens,

@@ -73,8 +73,8 @@ def test_method_without_requirements_is_skipped(tiny_llama_dir, tiny_bundle, pro
 
 
 def test_user_errors(tiny_bundle, prompts_file):
-    res = invoke(*bench_args(tiny_bundle, prompts_file, "--methods", "plain,medusa"))
-    assert res.exit_code == 2 and "unknown method 'medusa'" in res.output and "Traceback" not in res.output
+    res = invoke(*bench_args(tiny_bundle, prompts_file, "--methods", "plain,jacobi"))
+    assert res.exit_code == 2 and "unknown method 'jacobi'" in res.output and "Traceback" not in res.output
     res = invoke(*bench_args(tiny_bundle, prompts_file, "--categories", "poetry"))
     assert res.exit_code == 2 and "unknown category poetry" in res.output
 
