@@ -35,7 +35,7 @@ from specdec_edge.pipeline import METHODS
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
 OVERALL = "overall"
 KEYS = ("tokens_per_s", "decode_tokens_per_s", "prefill_s", "speedup_vs_plain", "mean_accepted_tokens",
-        "acceptance_rate", "identical_output_rate", "near_ties")
+        "acceptance_rate", "identical_output_rate", "near_ties", "min_logit_gap")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Run:
     proposed: int = 0
     accepted: int = 0
     near_ties: int = 0
+    min_logit_gap: float | None = None
 
     def add(self, result, wall_s: float) -> None:
         s = result.stats
@@ -70,6 +71,8 @@ class Run:
         self.proposed += s.proposed
         self.accepted += s.accepted
         self.near_ties += s.near_ties
+        if s.min_logit_gap is not None:
+            self.min_logit_gap = min(self.min_logit_gap or s.min_logit_gap, s.min_logit_gap)
 
 
 def load_prompts(path: str | Path | None = None, categories: list[str] | None = None,
@@ -222,6 +225,7 @@ def _aggregate(runs: list[Run], plain: list[Run]) -> dict:
         "acceptance_rate": sum(r.accepted for r in runs) / proposed if proposed else None,
         "identical_output_rate": sum(r.turn_ids == p.turn_ids for r, p in zip(runs, plain)) / len(runs),
         "near_ties": sum(r.near_ties for r in runs),
+        "min_logit_gap": min((r.min_logit_gap for r in runs if r.min_logit_gap is not None), default=None),
     }
 
 

@@ -14,6 +14,7 @@ is free), and the new target token becomes the pending one.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +30,7 @@ from specdec_edge.speculative.proposal import EMPTY, Proposal
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import tree_inputs
 
+log = logging.getLogger("specdec_edge")
 PREFILL_CHUNK = 256
 NEAR_TIE = 1e-3  # greedy: a top-2 logit gap below this may flip between a k-token and a 1-token pass
 
@@ -112,7 +114,13 @@ def decode(
         proposer.commit(context)
         t4 = time.perf_counter()
         if params.greedy:
-            stats.near_ties += count_near_ties(logits[: len(emitted)])
+            rows = np.concatenate([[0], path + 1])[: len(emitted)]  # the logits each emitted token came from
+            ties, gap = near_ties(logits[rows])
+            if ties:
+                stats.near_ties += ties
+                stats.min_logit_gap = min(stats.min_logit_gap or gap, gap)
+                log.info("near tie after %d new tokens: top-2 logit gap %.2e (greedy may differ from a "
+                         "one-token pass here)", stats.new_tokens, gap)
         stats.steps += 1
         stats.proposed += len(proposal.tokens)
         stats.accepted += n
@@ -167,9 +175,12 @@ def accept(proposal: Proposal, logits: np.ndarray, params: SamplingParams,
     return np.arange(n), token
 
 
-def count_near_ties(logits: np.ndarray) -> int:
-    """Rows whose top-2 logits are closer than NEAR_TIE (greedy output may depend on batching there)."""
-    if logits.shape[-1] < 2:
-        return 0
+def near_ties(logits: np.ndarray) -> tuple[int, float]:
+    """Rows whose top-2 logits are closer than NEAR_TIE (greedy output may depend on batching there),
+    and the smallest such gap."""
+    if logits.shape[-1] < 2 or not len(logits):
+        return 0, 0.0
     top2 = np.partition(logits, -2, axis=-1)[:, -2:]
-    return int(np.count_nonzero(top2[:, 1] - top2[:, 0] < NEAR_TIE))
+    gaps = top2[:, 1] - top2[:, 0]
+    close = gaps < NEAR_TIE
+    return int(np.count_nonzero(close)), float(gaps[close].min()) if close.any() else 0.0

@@ -21,6 +21,7 @@ class Stats:
     accepted: int = 0  # draft tokens accepted
     accepted_lengths: Counter = field(default_factory=Counter)  # n_accepted -> number of passes
     near_ties: int = 0  # greedy: emitted tokens whose top-2 target logits were closer than NEAR_TIE
+    min_logit_gap: float | None = None  # the smallest such top-2 gap (None: no near tie)
     prefill_s: float = 0.0
     draft_s: float = 0.0  # proposer: propose + commit
     verify_s: float = 0.0  # target passes
