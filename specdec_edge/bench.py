@@ -118,16 +118,17 @@ def check_methods(methods: list[str]) -> list[str]:
 
 
 def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: int = 4, max_new_tokens: int = 128,
-              meta: dict | None = None, progress: bool = True) -> dict:
+              meta: dict | None = None, progress: bool = True, options: dict | None = None) -> dict:
     """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
 
     Methods the pipeline cannot run (e.g. "draft" without a draft model) are listed under
     ``skipped_methods`` with the reason, prompts too long for the KV cache under ``skipped_prompts``.
+    ``options`` maps a method to its proposer options (e.g. ``{"lookahead": {"window": 5}}``).
     """
     pipes, skipped = {}, {}
     for m in check_methods(methods):
         try:
-            pipes[m] = pipeline.with_method(m, k=k)
+            pipes[m] = pipeline.with_method(m, k=k, **(options or {}).get(m, {}))
         except SpecdecError as e:
             skipped[m] = str(e)
     _warm_up(pipes)

@@ -15,10 +15,12 @@ def generation_options(f):
     """The options shared by `chat` and `generate`."""
     options = [
         click.argument("bundle", type=click.Path()),
-        click.option("--method", type=click.Choice(["draft", "pld", "lookahead", "plain"]), default=None,
+        click.option("--method", type=click.Choice(["draft", "pld", "lookahead", "eagle", "medusa", "plain"]),
+                     default=None,
                      help="draft: the bundle's draft model proposes (default when it has one); "
                           "pld: prompt lookup, proposes continuations of n-grams seen earlier; lookahead: Jacobi guesses "
-                          "+ n-gram pool, verified as a tree; plain: the target alone."),
+                          "+ n-gram pool, verified as a tree; eagle/medusa: trained heads of the bundle (train-draft) "
+                          "propose a token tree; plain: the target alone."),
         click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
                      help="Speculation length: draft tokens verified per target pass."),
         click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
@@ -29,6 +31,8 @@ def generation_options(f):
         click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads per model (default: ONNX Runtime's choice)."),
+        click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
+                     help="Method option, repeatable (pld: max_ngram, min_ngram; lookahead: window, ngram, guesses)."),
         click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True,
                      help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu)."),
     ]
@@ -37,10 +41,11 @@ def generation_options(f):
     return f
 
 
-def load(bundle, method, k, threads, provider="cpu"):
+def load(bundle, method, k, threads, options=(), provider="cpu"):
+    from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
 
-    return Pipeline.load(bundle, method=method, k=k, threads=threads, provider=provider)
+    return Pipeline.load(bundle, method=method, k=k, threads=threads, provider=provider, **parse_options(options))
 
 
 def stats_line(stats) -> str:
@@ -51,7 +56,7 @@ def stats_line(stats) -> str:
 @click.command(context_settings=CONTEXT)
 @generation_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
-def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, provider, system):
+def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, options, provider, system):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
@@ -63,7 +68,7 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
       specdec-edge chat bundles/smollm2 --temperature 0.7 --top-p 0.9 --system "Be brief."
       specdec-edge chat bundles/pair --method plain --threads 2
     """
-    pipe = load(bundle, method, k, threads, provider)
+    pipe = load(bundle, method, k, threads, options, provider)
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
     click.echo(f"specdec-edge chat ({pipe.method}" + (f", k={pipe.k}" if pipe.method == "draft" else "")
@@ -116,7 +121,7 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
 @click.option("--chat-template", "use_template", is_flag=True, help="Wrap the prompt as a user message.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
-def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, provider, prompt, use_template,
+def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, options, provider, prompt, use_template,
              stop, as_json):
     """Generate text for one prompt (for scripts).
 
@@ -126,7 +131,7 @@ def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed,
       specdec-edge generate bundles/smollm2 --prompt "List three colours." --chat-template --json
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
     """
-    pipe = load(bundle, method, k, threads, provider)
+    pipe = load(bundle, method, k, threads, options, provider)
     request = [{"role": "user", "content": prompt}] if use_template else prompt
     stream = pipe.stream(request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed, stop=list(stop))
