@@ -22,19 +22,13 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.providers import create_session
 
 NEG_INF = np.float32(-np.inf)
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
-
-
 @dataclass
 class StepOutput:
-    logits: np.ndarray  # (S, V) float32, a view valid until the next run
+    logits: np.ndarray  # (N, V) float32: a reused buffer, valid until the next run with the same shape
     hidden_states: np.ndarray | None = None  # (S, H)
 
 
@@ -71,27 +65,8 @@ class OrtEngine:
         share_process: bool = False,
         capacity: int | None = None,
     ):
-        if provider not in PROVIDERS:
-            raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}.")
-        wanted = PROVIDERS[provider]
-        if wanted not in ort.get_available_providers():
-            raise SpecdecError(
-                f"{wanted} is not available in this onnxruntime build "
-                f"(available: {', '.join(ort.get_available_providers())}); install the matching onnxruntime package."
-            )
         self.graph = graph
-        # CPU stays registered as the fallback for ops the accelerator lacks; the check below
-        # makes sure the accelerator itself was not silently dropped.
-        providers = [wanted] if wanted == "CPUExecutionProvider" else [wanted, "CPUExecutionProvider"]
-        self.session = ort.InferenceSession(
-            str(model_path), sess_options=session_options(threads, share_process), providers=providers
-        )
-        used = self.session.get_providers()[0]
-        if used != wanted:
-            raise SpecdecError(
-                f"requested {wanted} but ONNX Runtime fell back to {used} (driver, CUDA or cuDNN libraries "
-                "missing or mismatched?); fix the GPU setup or use provider='cpu'."
-            )
+        self.session = create_session(model_path, session_options(threads, share_process), provider)
         spec = graph.cache
         self.capacity = min(capacity or spec.capacity, spec.capacity)
         dtype = np.float16 if spec.dtype == "float16" else np.float32
@@ -99,8 +74,7 @@ class OrtEngine:
         self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, spec.capacity, spec.head_dim), dtype)
         self.length = 0
         self.binding = self.session.io_binding()
-        # Outputs come back in binding order: logits, [hidden_states], then the cache.
-        self._bind_step_outputs()
+        self._out_buffers: dict = {}
         self._cache_values = []
         for layer in range(spec.num_layers):
             for k, kind in enumerate(("key", "value")):
@@ -108,13 +82,23 @@ class OrtEngine:
                 self._cache_values.append(value)  # keep alive: binds the numpy memory
                 self.binding.bind_ortvalue_input(spec.input_name(layer, kind), value)
                 self.binding.bind_ortvalue_output(spec.output_name(layer, kind), value)
-        self._n_out = 2 if graph.has_hidden_states else 1
 
-    def _bind_step_outputs(self) -> None:
-        # Rebound every step: ORT keeps the last allocation otherwise, which has the old S.
-        self.binding.bind_output("logits", "cpu")
-        if self.graph.has_hidden_states:
-            self.binding.bind_output("hidden_states", "cpu")
+    def _bind_step_outputs(self, seq: int = 1, keep: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+        """Bind preallocated host buffers for this step's logits (and hidden states); reused per shape."""
+        key = (seq, keep)
+        if key not in self._out_buffers:
+            logits = np.empty((1, keep, self.graph.vocab_size), dtype=np.float32)
+            hidden = np.empty((1, seq, self.graph.hidden_size), dtype=np.float32) if self.graph.has_hidden_states else None
+            if len(self._out_buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
+                self._out_buffers.clear()
+            self._out_buffers[key] = (logits, hidden)
+        logits, hidden = self._out_buffers[key]
+        self.binding.bind_output("logits", "cpu", element_type=np.float32, shape=logits.shape,
+                                 buffer_ptr=logits.ctypes.data)
+        if hidden is not None:
+            self.binding.bind_output("hidden_states", "cpu", element_type=np.float32, shape=hidden.shape,
+                                     buffer_ptr=hidden.ctypes.data)
+        return logits, hidden
 
     @property
     def vocab_size(self) -> int:
@@ -157,12 +141,9 @@ class OrtEngine:
         self.binding.bind_cpu_input("attention_bias", np.ascontiguousarray(attention_bias, dtype=np.float32))
         keep = seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq))
         self.binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
-        self._bind_step_outputs()
+        logits, hidden = self._bind_step_outputs(seq, keep)
         self.session.run_with_iobinding(self.binding)
-        outs = self.binding.get_outputs()
-        logits = outs[0].numpy()[0]
-        hidden = outs[1].numpy()[0] if self._n_out == 2 else None
-        return StepOutput(logits, hidden)
+        return StepOutput(logits[0], None if hidden is None else hidden[0])
 
     def commit(self, n: int, path: np.ndarray | None = None) -> None:
         """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it)."""
