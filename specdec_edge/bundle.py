@@ -65,6 +65,9 @@ class GraphSpec:
     hidden_size: int
     cache: CacheSpec
     has_hidden_states: bool = False
+    # False when a pass over S tokens may give different logits than S one-token passes beyond
+    # float rounding (activations quantized per tensor at run time): speculation is then inexact.
+    batch_invariant: bool = True
     inputs: tuple = ()
     outputs: tuple = ()
 

@@ -31,21 +31,25 @@ def generation_options(f):
         click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads per model (default: ONNX Runtime's choice)."),
+        click.option("--allow-inexact", is_flag=True,
+                     help="Allow speculation on int8/int4 bundles, where batched verification can change the output."),
         click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
                      help="Method option, repeatable (pld: max_ngram, min_ngram; lookahead: window, ngram, guesses)."),
-        click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True,
-                     help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu)."),
+        click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "trt"]), default="cpu", show_default=True,
+                     help="cpu; cuda or tensorrt: ONNX Runtime GPU providers (onnxruntime-gpu); trt: TensorRT engines "
+                          "built by `build-engines`."),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def load(bundle, method, k, threads, options=(), provider="cpu"):
+def load(bundle, method, k, threads, options=(), provider="cpu", allow_inexact=False):
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
 
-    return Pipeline.load(bundle, method=method, k=k, threads=threads, provider=provider, **parse_options(options))
+    return Pipeline.load(bundle, method=method, k=k, threads=threads, provider=provider, allow_inexact=allow_inexact,
+                         **parse_options(options))
 
 
 def stats_line(stats) -> str:
@@ -56,7 +60,7 @@ def stats_line(stats) -> str:
 @click.command(context_settings=CONTEXT)
 @generation_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
-def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, options, provider, system):
+def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, allow_inexact, options, provider, system):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
@@ -68,7 +72,7 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
       specdec-edge chat bundles/smollm2 --temperature 0.7 --top-p 0.9 --system "Be brief."
       specdec-edge chat bundles/pair --method plain --threads 2
     """
-    pipe = load(bundle, method, k, threads, options, provider)
+    pipe = load(bundle, method, k, threads, options, provider, allow_inexact)
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
     click.echo(f"specdec-edge chat ({pipe.method}" + (f", k={pipe.k}" if pipe.method == "draft" else "")
@@ -121,7 +125,7 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
 @click.option("--chat-template", "use_template", is_flag=True, help="Wrap the prompt as a user message.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
-def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, options, provider, prompt, use_template,
+def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, allow_inexact, options, provider, prompt, use_template,
              stop, as_json):
     """Generate text for one prompt (for scripts).
 
@@ -131,7 +135,7 @@ def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed,
       specdec-edge generate bundles/smollm2 --prompt "List three colours." --chat-template --json
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
     """
-    pipe = load(bundle, method, k, threads, options, provider)
+    pipe = load(bundle, method, k, threads, options, provider, allow_inexact)
     request = [{"role": "user", "content": prompt}] if use_template else prompt
     stream = pipe.stream(request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed, stop=list(stop))

@@ -26,7 +26,7 @@ def run_demo(prompt: str | None = None, *, method: str = "pld", k: int = 8, max_
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
     pipe = Pipeline.load(bundle, method="plain", threads=threads)
-    spec = pipe.with_method(method, k=k)
+    spec = pipe.with_method(method, k=k, allow_inexact=True)  # int8/int4: the identity line shows the cost
     messages = [{"role": "user", "content": prompt or spec_bench_prompt()}]
     echo(f"Bundle: {bundle}")
     echo(f"Prompt ({len(pipe.encode(messages))} tokens): {messages[0]['content'][:160]}...")

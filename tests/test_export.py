@@ -78,6 +78,15 @@ def test_precisions_export_and_validate(tiny_llama_dir, tmp_path, dtype):
         assert "DynamicQuantizeLinear" in ops or "MatMulInteger" in ops
     if dtype == "int4":
         assert "MatMulNBits" in ops
+    # int8/int4 quantize activations per pass: batched verification may change the output.
+    assert m.target.graph.batch_invariant == (dtype == "fp16")
+    from specdec_edge import Pipeline, SpecdecError
+
+    if dtype != "fp16":
+        with pytest.raises(SpecdecError, match="would not be exact"):
+            Pipeline.load(out, method="pld")
+        assert Pipeline.load(out, method="pld", allow_inexact=True).generate("hello", max_new_tokens=4).token_ids
+    assert Pipeline.load(out, method="plain").generate("hello", max_new_tokens=4).token_ids
 
 
 def test_hidden_states_output(tiny_llama_dir, tmp_path):

@@ -178,6 +178,7 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
         hidden_size=cfg.hidden_size,
         cache=CacheSpec(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, cache_dtype),
         has_hidden_states=hidden_states,
+        batch_invariant=dtype in ("fp32", "fp16"),  # int8/int4 quantize activations per pass
         inputs=contract_inputs(cfg, capacity, cache_dtype),
         outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states),
     )
