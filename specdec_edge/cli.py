@@ -48,9 +48,11 @@ def main():
 @click.option("--capacity", type=int, default=2048, show_default=True, help="KV cache capacity in tokens (prompt + output).")
 @click.option("--hidden-states/--no-hidden-states", default=False, show_default=True,
               help="Also output the last hidden states (for EAGLE/Medusa heads).")
+@click.option("--heads", "heads", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="A trained heads folder from `train-draft` (repeatable: eagle and medusa); implies --hidden-states.")
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
-def export(target, draft, out, flavour, dtype, capacity, hidden_states, revision, force):
+def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, revision, force):
     """Export a target (and draft) model to a validated bundle of ONNX graphs.
 
     \b
@@ -59,12 +61,54 @@ def export(target, draft, out, flavour, dtype, capacity, hidden_states, revision
       specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --dtype int8 --out bundles/s8
       specdec-edge export --target ./big-model --draft ./small-model --out bundles/pair
       specdec-edge export --target ./model --flavour portable --dtype fp16 --out bundles/trt
+      specdec-edge export --target ./model --heads heads/eagle --heads heads/medusa --out bundles/heads
     """
     from specdec_edge.export.exporter import export_bundle
 
     path = export_bundle(target, out, draft=draft, flavour=flavour, dtype=dtype, capacity=capacity,
-                         hidden_states=hidden_states, force=force, revision=revision)
+                         hidden_states=hidden_states, heads=heads, force=force, revision=revision)
     click.echo(f"Wrote bundle {path}")
+
+
+@main.command("train-draft", context_settings=CONTEXT)
+@click.option("--method", type=click.Choice(["eagle", "medusa"]), required=True, help="Which heads to train.")
+@click.option("--target", required=True, help="Hugging Face id, model folder, .gguf file, or a bundle with hidden states.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Work folder (bundle, data, checkpoint); the heads land in OUT/METHOD. Rerun to resume.")
+@click.option("--prompts", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Spec-Bench style JSONL (first turns are used) or a text file, one prompt a line. "
+                   "Default: the packaged Spec-Bench copy.")
+@click.option("--max-prompts", type=click.IntRange(min=0), default=160, show_default=True,
+              help="Use this many prompts, spread over the file (0: all). The defaults keep SmolLM2-135M "
+                   "within about 30 minutes on 2 CPU cores.")
+@click.option("--holdout", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Leave out the first N prompts of each JSONL category (what `bench` measures by default).")
+@click.option("--answer-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Greedy answer length the target generates per prompt.")
+@click.option("--draft-vocab", type=click.IntRange(min=0), default=8192, show_default=True,
+              help="Reduced draft vocabulary: the N most frequent answer tokens (0: the full vocabulary).")
+@click.option("--epochs", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--medusa-heads", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--save-every", type=click.IntRange(min=1), default=20, show_default=True, help="Checkpoint interval (steps).")
+@click.option("--max-minutes", type=float, default=0.0, show_default=True,
+              help="Stop training after this long and save (0: no limit); rerun to continue.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+def train_draft(method, target, out, prompts, max_prompts, holdout, answer_tokens, draft_vocab, epochs, lr, medusa_heads,
+                save_every, max_minutes, threads):
+    """Train EAGLE or Medusa heads on the target's own greedy answers (self-distillation).
+
+    \b
+    Examples:
+      specdec-edge train-draft --method eagle --target ./SmolLM2-135M-Instruct.Q4_1.gguf --out heads-work
+      specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --heads heads-work/eagle --out bundles/eagle
+    """
+    from specdec_edge.export.train_draft import train_draft as run
+
+    folder = run(method, target, out, prompts=prompts, max_prompts=max_prompts, holdout=holdout,
+                 answer_tokens=answer_tokens, draft_vocab=draft_vocab, epochs=epochs, lr=lr, medusa_heads=medusa_heads,
+                 save_every=save_every, max_minutes=max_minutes, threads=threads)
+    click.echo(f"Wrote {method} heads to {folder}; add them with `specdec-edge export --heads {folder} ...`")
 
 
 @main.command(context_settings=CONTEXT)
@@ -119,6 +163,30 @@ def verify(bundle):
                    err=True)
         sys.exit(1)
     click.echo(f"OK: every file in {bundle} matches its sha256.")
+
+
+@main.command("build-engines", context_settings=CONTEXT)
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--backend", "backends", multiple=True, type=click.Choice(["trt", "tensorrt"]),
+              help="trt: TensorRT engine (provider 'trt'); tensorrt: ONNX Runtime EPContext model (provider "
+                   "'tensorrt'). Repeatable; default both.")
+@click.option("--max-verify", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Largest verify pass (tokens of a chain or tree) the engines must accept.")
+@click.option("--hardware-compatible", is_flag=True,
+              help="TensorRT engine that also runs on other Ampere-or-newer GPUs (somewhat slower).")
+def build_engines(bundle, backends, max_verify, hardware_compatible):
+    """Build TensorRT engines for a portable-flavour bundle on this GPU, into BUNDLE/trt/<gpu>_<version>/.
+
+    \b
+    Example:
+      specdec-edge build-engines bundles/trt
+      specdec-edge generate bundles/trt --provider tensorrt --prompt "Hello"
+    """
+    from specdec_edge.export.trt_build import build_engines as run
+
+    folder = run(bundle, backends=backends or ("trt", "tensorrt"), max_verify=max_verify,
+                 hardware_compatible=hardware_compatible, echo=click.echo)
+    click.echo(f"Wrote engines to {folder}")
 
 
 @main.command(context_settings=CONTEXT)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime import OrtEngine
+from specdec_edge.runtime import OrtEngine, open_engine
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.heads import EagleProposer, FeatureTap, MedusaProposer, load_head_graphs
 from specdec_edge.speculative.loop import decode
@@ -120,13 +120,22 @@ class Pipeline:
     """A loaded bundle: target engine, proposer and tokenizer. Calls are serialized by a lock."""
 
     def __init__(self, tokenizer: Tokenizer, target: OrtEngine, draft: OrtEngine | None, method: str, k: int,
-                 options: dict | None = None, lock: threading.Lock | None = None, heads: dict | None = None):
+                 options: dict | None = None, lock: threading.Lock | None = None, heads: dict | None = None,
+                 allow_inexact: bool = False):
         if method not in METHODS:
             raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         if method == "draft" and draft is None:
             raise SpecdecError("this bundle has no draft model; use method 'pld' or 'plain', or export with --draft.")
         if method != "plain" and not (isinstance(k, int) and k >= 1):
             raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
+        graph = getattr(target, "graph", None)
+        if method != "plain" and not getattr(graph, "batch_invariant", True) and not allow_inexact:
+            raise SpecdecError(
+                f"this bundle's {graph.dtype} target quantizes activations per pass, so verifying several tokens "
+                "at once can change its output: speculative decoding would not be exact. Use an fp32/fp16 "
+                "bundle, method 'plain', or allow_inexact=True (--allow-inexact) to accept the difference."
+            )
+        self.allow_inexact = allow_inexact
         self.tokenizer = tokenizer
         self.target = target
         self.draft = draft
@@ -143,7 +152,7 @@ class Pipeline:
 
     @classmethod
     def load(cls, bundle: str | Path, *, method: str | None = None, k: int = 4, threads: int | None = None,
-             provider: str = "cpu", **options) -> "Pipeline":
+             provider: str = "cpu", allow_inexact: bool = False, **options) -> "Pipeline":
         """Load ``bundle``.
 
         ``method``: "draft" (default when the bundle has a draft model), "pld" (prompt
@@ -151,6 +160,10 @@ class Pipeline:
         proposal); ``options`` go to the method's proposer (pld: ``max_ngram``,
         ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``; eagle: ``topk``, ``nodes``;
         medusa: ``tree``). A bundle with trained heads defaults to its best measured head method.
+        ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or
+        "trt" (TensorRT engines from `specdec-edge build-engines`); see ``runtime/providers.py``.
+        ``allow_inexact``: permit speculation on int8/int4 bundles, whose batched verification
+        can change the output (see GraphSpec.batch_invariant).
         """
         root = Path(bundle)
         manifest = read_manifest(root)
@@ -161,19 +174,19 @@ class Pipeline:
         if method == "draft" and manifest.draft is None:
             raise SpecdecError(f"bundle {root} has no draft model; use method 'pld' or 'plain', or export with --draft.")
         share = manifest.draft is not None or bool(heads)  # several sessions in one process: no spinning pools
-        target = OrtEngine(root / manifest.target.graph.path, manifest.target.graph, provider=provider,
-                           threads=threads, share_process=share)
+        target = open_engine(root, manifest.target.graph, provider=provider, threads=threads, share_process=share)
         draft = None
-        if share:
-            draft = OrtEngine(root / manifest.draft.graph.path, manifest.draft.graph, provider=provider,
-                              threads=threads, share_process=True)
+        if manifest.draft is not None:
+            draft = open_engine(root, manifest.draft.graph, provider=provider, threads=threads, share_process=True,
+                                role="draft")
         return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k, options,
-                   heads=load_head_graphs(root, heads, threads))
+                   heads=load_head_graphs(root, heads, threads), allow_inexact=allow_inexact)
 
-    def with_method(self, method: str, k: int | None = None, **options) -> "Pipeline":
+    def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None,
+                    **options) -> "Pipeline":
         """A pipeline over the same engines and lock with another method (for comparisons)."""
         return Pipeline(self.tokenizer, self.target, self.draft, method, self.k if k is None else k, options,
-                        self._lock, self.heads)
+                        self._lock, self.heads, self.allow_inexact if allow_inexact is None else allow_inexact)
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt ids: plain text as is, chat messages through the bundle's chat template."""

@@ -1,6 +1,9 @@
-"""Session fixtures: tiny random-weight models and the bundles exported from them."""
+"""Session fixtures: tiny random-weight models and the bundles exported from them; gpu/trt marker skips."""
 
 from __future__ import annotations
+
+import functools
+import importlib.util
 
 import pytest
 
@@ -33,3 +36,35 @@ def tiny_self_bundle(tmp_path_factory, tiny_llama_dir):
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-self"
     return export_bundle(str(tiny_llama_dir), out, draft=str(tiny_llama_dir), capacity=256, progress=False)
+
+
+@functools.cache
+def gpu_missing() -> str | None:
+    """Why `gpu` tests cannot run here, or None: they need onnxruntime's CUDA EP and a visible NVIDIA GPU."""
+    import onnxruntime as ort
+
+    from specdec_edge.errors import SpecdecError
+    from specdec_edge.runtime.trt import gpu_info
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return "no CUDAExecutionProvider in this onnxruntime (install onnxruntime-gpu)"
+    try:
+        gpu_info()
+    except SpecdecError as e:
+        return str(e)
+    return None
+
+
+@functools.cache
+def trt_missing() -> str | None:
+    """Why `trt` tests cannot run here, or None: they need a GPU and the tensorrt package."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return "the tensorrt Python package is not installed"
+    return gpu_missing()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for marker, missing in (("gpu", gpu_missing), ("trt", trt_missing)):
+            if item.get_closest_marker(marker) and (reason := missing()):
+                item.add_marker(pytest.mark.skip(reason=f"needs {marker}: {reason}"))

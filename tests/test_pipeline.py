@@ -25,7 +25,7 @@ def plain(tiny_bundle):
 def test_load_defaults_and_errors(pipe, tiny_bundle, tmp_path):
     assert pipe.method == "draft" and pipe.k == 4 and pipe.capacity == 256
     with pytest.raises(SpecdecError, match="unknown method"):
-        Pipeline.load(tiny_bundle, method="medusa")
+        Pipeline.load(tiny_bundle, method="jacobi")
     with pytest.raises(SpecdecError, match="speculation length"):
         Pipeline.load(tiny_bundle, k=0)
     with pytest.raises(SpecdecError, match="does not exist"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -112,7 +113,9 @@ class EagleHead(nn.Module):
 
     def forward(self, features, input_ids, positions, past_key, past_value, bias):
         """features [B, S, H] (f[i]), input_ids [B, S] (x[i+1]), positions [B, S], past K/V
-        [B, kvh, P, hd], bias [B, 1, S, P+S] -> predicted f[i+1] [B, S, H], new key, new value."""
+        [B, P, kvh, hd], bias [B, 1, S, P+S] -> predicted f[i+1] [B, S, H], new key and value [B, S, kvh, hd].
+
+        The cache is BSNH so that the host's committed prefix is a contiguous slice (no copy)."""
         cfg = self.cfg
         B, S, _ = features.shape
         x = self.fc(torch.cat([self.target.embed_tokens(input_ids), features], -1))
@@ -121,7 +124,8 @@ class EagleHead(nn.Module):
         k = self.k_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = rotate(q, positions, cfg.rope_theta), rotate(k, positions, cfg.rope_theta)
-        keys, values = torch.cat([past_key, k], 2), torch.cat([past_value, v], 2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, S, kvh, hd]
+        keys, values = torch.cat([past_key, k], 1).transpose(1, 2), torch.cat([past_value, v], 1).transpose(1, 2)
         g = cfg.num_heads // cfg.num_kv_heads
         keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)
         scores = q @ keys.transpose(-1, -2) * cfg.head_dim ** -0.5 + bias
@@ -217,16 +221,16 @@ def _eagle_example(cfg: HeadConfig, past: int = 5, seq: int = 3, seed: int = 0):
     bias = torch.zeros(1, 1, seq, past + seq)
     bias[0, 0, :, past:] = torch.triu(torch.full((seq, seq), float("-inf")), 1)
     return (torch.randn(1, seq, cfg.hidden_size, generator=g), torch.randint(0, cfg.vocab_size, (1, seq), generator=g),
-            torch.arange(past, past + seq)[None], torch.randn(1, cfg.num_kv_heads, past, cfg.head_dim, generator=g),
-            torch.randn(1, cfg.num_kv_heads, past, cfg.head_dim, generator=g), bias, torch.tensor([seq - 1, 0]))
+            torch.arange(past, past + seq)[None], torch.randn(1, past, cfg.num_kv_heads, cfg.head_dim, generator=g),
+            torch.randn(1, past, cfg.num_kv_heads, cfg.head_dim, generator=g), bias, torch.tensor([seq - 1, 0]))
 
 
 EAGLE_IO = (["features", "input_ids", "position_ids", "past_key", "past_value", "attention_bias", "logit_rows"],
             ["hidden_states", "topk_logprobs", "topk_ids", "key", "value"],
-            {"features": {1: "seq"}, "input_ids": {1: "seq"}, "position_ids": {1: "seq"}, "past_key": {2: "past"},
-             "past_value": {2: "past"}, "attention_bias": {2: "seq", 3: "total"}, "logit_rows": {0: "rows"},
-             "hidden_states": {1: "seq"}, "topk_logprobs": {0: "rows"}, "topk_ids": {0: "rows"}, "key": {2: "seq"},
-             "value": {2: "seq"}})
+            {"features": {1: "seq"}, "input_ids": {1: "seq"}, "position_ids": {1: "seq"}, "past_key": {1: "past"},
+             "past_value": {1: "past"}, "attention_bias": {2: "seq", 3: "total"}, "logit_rows": {0: "rows"},
+             "hidden_states": {1: "seq"}, "topk_logprobs": {0: "rows"}, "topk_ids": {0: "rows"}, "key": {1: "seq"},
+             "value": {1: "seq"}})
 MEDUSA_IO = (["hidden_states"], ["topk_logprobs", "topk_ids"],
              {"hidden_states": {0: "rows"}, "topk_logprobs": {1: "rows"}, "topk_ids": {1: "rows"}})
 
@@ -246,7 +250,8 @@ def export_head_graph(head: nn.Module, path: Path) -> dict:
         wrapper, (names_in, names_out, axes) = _MedusaGraph(head), MEDUSA_IO
         examples = [(torch.randn(n, cfg.hidden_size, generator=torch.Generator().manual_seed(n)),) for n in (3, 5)]
     tmp = path.with_suffix(".tmp.onnx")
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
         torch.onnx.export(wrapper, examples[0], str(tmp), input_names=names_in, output_names=names_out,
                           dynamic_axes=axes, opset_version=17, dynamo=False)
     import onnx
@@ -276,8 +281,11 @@ def export_head_graph(head: nn.Module, path: Path) -> dict:
     return report
 
 
-def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path) -> dict:
-    """Build and validate a graph per heads folder under ``root/heads``; the manifest's ``heads`` section."""
+def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path, default: str | None = None) -> dict:
+    """Build and validate a graph per heads folder under ``root/heads``; the manifest's ``heads`` section.
+
+    ``default``: the method a pipeline uses when none is asked for (default: eagle if present).
+    """
     section = {}
     (root / "heads").mkdir(exist_ok=True)
     for folder in heads_dirs:
@@ -289,7 +297,10 @@ def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path)
         config = {k: v for k, v in asdict(cfg).items() if k not in ("method", "training")}
         section[cfg.method] = {"graph": f"heads/{cfg.method}.onnx", "top_k": TOP_K, "config": config,
                                "training": cfg.training, "validation": report}
-    section["default"] = "eagle" if "eagle" in section else "medusa"
+    default = default or ("eagle" if "eagle" in section else "medusa")
+    if default not in section:
+        raise ExportError(f"default head method {default!r} is not among the heads given ({', '.join(section)}).")
+    section["default"] = default
     return section
 
 
@@ -297,20 +308,25 @@ def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
     """The target's embedding [V, H] and LM head [V, H] read from a bundle's fp32/fp16 graph."""
     import onnx
     from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     manifest = read_manifest(bundle)
     graph = manifest.target.graph
     if graph.dtype not in ("fp32", "fp16"):
         raise ExportError(f"bundle {bundle} has {graph.dtype} weights; heads need an fp32 or fp16 target bundle "
                           "(export one with --dtype fp32 --hidden-states).")
-    model = onnx.load(str(Path(bundle) / graph.path))
+    path = Path(bundle) / graph.path
+    model = onnx.load(str(path), load_external_data=False)  # read only the two tensors needed
     found = {i.name: i for i in model.graph.initializer if i.name in ("model.embed_tokens.weight", "lm_head.weight.T")}
+    for tensor in found.values():
+        if uses_external_data(tensor):
+            load_external_data_for_tensor(tensor, str(path.parent))
     embed = numpy_helper.to_array(found["model.embed_tokens.weight"]).astype(np.float32)
     head = numpy_helper.to_array(found["lm_head.weight.T"]).astype(np.float32).T
     return embed, np.ascontiguousarray(head)
 
 
-def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = False) -> Path:
+def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = False, default: str | None = None) -> Path:
     """Write a copy of ``bundle`` with head graphs at ``out`` (staged, then renamed into place)."""
     bundle, out = Path(bundle), Path(out)
     manifest = read_manifest(bundle)
@@ -328,5 +344,5 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
             shutil.copy2(bundle / rel, dest)
         data = manifest.to_json()
         data.pop("files")
-        data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path)
+        data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, default)
         return staging.commit(data)

@@ -26,6 +26,7 @@ from specdec_edge.runtime.providers import create_session
 
 NEG_INF = np.float32(-np.inf)
 
+
 @dataclass
 class StepOutput:
     logits: np.ndarray  # (N, V) float32: a reused buffer, valid until the next run with the same shape

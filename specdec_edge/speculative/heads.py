@@ -90,9 +90,10 @@ def load_head_graphs(root: Path, heads: dict | None, threads: int | None = None)
 class MedusaProposer(Proposer):
     """A static tree of rank paths over the Medusa heads' top-k tokens."""
 
-    def __init__(self, graph: HeadGraph, tap: FeatureTap, tree=MEDUSA_TREE):
+    def __init__(self, graph: HeadGraph, tap: FeatureTap, tree=None):
         self.graph, self.tap = graph, tap
         depth_max = graph.config["medusa_heads"]
+        tree = tree or [p for p in MEDUSA_TREE if len(p) <= depth_max]
         paths = sorted(dict.fromkeys(tuple(int(r) for r in p) for p in tree), key=len)  # stable: parents first
         for p in paths:
             if not p or len(p) > depth_max or max(p) >= graph.top_k or min(p) < 0:
@@ -115,13 +116,13 @@ class MedusaProposer(Proposer):
 class EagleProposer(Proposer):
     """EAGLE head with its own KV cache; EAGLE-2 style dynamic tree by draft confidence."""
 
-    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 8, nodes: int = 24):
+    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 6, nodes: int = 16):
         if not 1 <= topk <= graph.top_k or nodes < 1:
             raise SpecdecError(f"EAGLE needs 1 <= topk <= {graph.top_k} and nodes >= 1; got topk={topk}, nodes={nodes}.")
         self.graph, self.tap, self.topk, self.nodes = graph, tap, topk, nodes
         c = graph.config
         capacity = tap.capacity + 1 + 64 * topk  # committed slots + the scratch slots of one tree
-        self.keys = np.zeros((1, c["num_kv_heads"], capacity, c["head_dim"]), dtype=np.float32)
+        self.keys = np.zeros((1, capacity, c["num_kv_heads"], c["head_dim"]), dtype=np.float32)  # BSNH
         self.values = np.zeros_like(self.keys)
         self.length = 0  # head slots 0..length-1 hold (f[i], context[i+1]) with true features
 
@@ -133,11 +134,10 @@ class EagleProposer(Proposer):
         past = bias.shape[-1] - len(ids)
         hidden, logp, top, key, value = self.graph.run(
             features=np.ascontiguousarray(features[None], dtype=np.float32), input_ids=np.asarray(ids, np.int64)[None],
-            position_ids=np.asarray(positions, np.int64)[None], past_key=np.ascontiguousarray(self.keys[:, :, :past]),
-            past_value=np.ascontiguousarray(self.values[:, :, :past]), attention_bias=bias,
-            logit_rows=np.asarray(rows, np.int64))
-        self.keys[:, :, past : past + len(ids)] = key
-        self.values[:, :, past : past + len(ids)] = value
+            position_ids=np.asarray(positions, np.int64)[None], past_key=self.keys[:, :past],
+            past_value=self.values[:, :past], attention_bias=bias, logit_rows=np.asarray(rows, np.int64))
+        self.keys[:, past : past + len(ids)] = key  # contiguous prefix slices: nothing is copied to run
+        self.values[:, past : past + len(ids)] = value
         return hidden[0], logp, top
 
     def propose(self, context, k) -> Proposal:
@@ -166,7 +166,7 @@ class EagleProposer(Proposer):
             level = [i for i in range(len(tokens)) if depths[i] == depth]
             chosen = sorted(level, key=lambda i: -scores[i])[: self.topk]
             past = self.length + len(slot)
-            if past + len(chosen) > self.keys.shape[2]:
+            if past + len(chosen) > self.keys.shape[1]:
                 break
             bias = np.full((1, 1, len(chosen), past + len(chosen)), -np.inf, dtype=np.float32)
             bias[0, 0, :, : self.length] = 0.0

@@ -1,0 +1,158 @@
+"""`specdec-edge build-engines`: build TensorRT engines for a bundle on the device that will run them.
+
+Two kinds, written to ``BUNDLE/trt/<gpu>_<tensorrt version>/`` and listed in the manifest's
+``engines`` (see ``runtime/trt.py``), each with a JSON sidecar:
+
+* ``trt``: a serialized TensorRT engine built with the TensorRT Python API from the portable
+  graph: a strongly typed network (the graph's own fp16/fp32 types decide precision; no
+  deprecated precision flags), one optimization profile (S from 1 to the largest pass, bias
+  width up to the cache capacity; ``logits_to_keep`` as a shape value), optionally
+  hardware-compatible with Ampere and newer. Run by provider ``trt``.
+* ``tensorrt``: an ONNX Runtime EPContext model (``ep.context_enable``, embed mode 1: the
+  engine inside the .onnx) made by the TensorRT EP with the options of
+  ``runtime.providers.tensorrt_ep_options``. Run by provider ``tensorrt``.
+
+Needs the GPU, ``tensorrt`` (both kinds) and ``onnxruntime-gpu`` (EPContext).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from specdec_edge.bundle import MANIFEST, GraphSpec, read_manifest, sha256_file
+from specdec_edge.errors import ExportError
+from specdec_edge.runtime.providers import MAX_VERIFY, shape_value_ranges, tensorrt_ep_options, tensorrt_profiles
+from specdec_edge.runtime.trt import SIDECAR_FORMAT, engine_dir_name, gpu_info, import_tensorrt
+
+KINDS = {"trt": ("tensorrt", ".plan"), "tensorrt": ("ort-epcontext", ".epctx.onnx")}
+
+
+def make_sidecar(graph: GraphSpec, source_sha256: str, *, trt_version: str, gpu: dict, max_verify: int,
+                 hardware_compatible: bool) -> dict:
+    """The build record an engine is checked against when it is loaded."""
+    return {
+        "format": SIDECAR_FORMAT,
+        "tensorrt_version": trt_version,
+        "gpu": gpu["name"],
+        "compute_capability": gpu["compute_capability"],
+        "hardware_compatibility": "ampere_plus" if hardware_compatible else "none",
+        "precision": "fp16" if graph.dtype == "fp16" else "fp32",
+        "profile": {k: [list(s) for s in v] for k, v in tensorrt_profiles(graph, max_verify).items()},
+        "shape_values": {k: [list(s) for s in v] for k, v in shape_value_ranges(graph, max_verify).items()},
+        "source_graph": graph.path,
+        "source_sha256": source_sha256,
+        "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def build_plan(onnx_path: Path, graph: GraphSpec, out: Path, *, max_verify: int, hardware_compatible: bool) -> None:
+    """Serialize a strongly typed TensorRT engine for ``graph`` to ``out``."""
+    trt = import_tensorrt()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise ExportError(f"TensorRT could not parse {onnx_path}: {errors}")
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    shapes, values = tensorrt_profiles(graph, max_verify), shape_value_ranges(graph, max_verify)
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        if tensor.is_shape_tensor:
+            profile.set_shape_input(tensor.name, *values[tensor.name])
+        elif tensor.name in shapes:
+            profile.set_shape(tensor.name, *shapes[tensor.name])
+        else:
+            fixed = tuple(1 if d < 0 else d for d in tensor.shape)
+            profile.set_shape(tensor.name, fixed, fixed, fixed)
+    config.add_optimization_profile(profile)
+    if hardware_compatible:
+        config.hardware_compatibility_level = trt.HardwareCompatibilityLevel.AMPERE_PLUS
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise ExportError(f"TensorRT failed to build an engine from {onnx_path} (see its log above).")
+    out.write_bytes(bytes(plan))
+
+
+def build_ep_context(onnx_path: Path, graph: GraphSpec, out: Path, *, max_verify: int) -> None:
+    """Let the ONNX Runtime TensorRT EP build its engine and dump it as an EPContext model at ``out``."""
+    from specdec_edge.runtime.ort_engine import session_options
+    from specdec_edge.runtime.providers import create_session
+
+    opts = session_options()
+    opts.add_session_config_entry("ep.context_enable", "1")
+    opts.add_session_config_entry("ep.context_file_path", str(out))
+    opts.add_session_config_entry("ep.context_embed_mode", "1")
+    with tempfile.TemporaryDirectory() as cache:  # embed mode: the engine lives in the .onnx, not in the cache
+        create_session(onnx_path, opts, "tensorrt", tensorrt_ep_options(graph, cache, max_verify=max_verify))
+    if not out.is_file():
+        raise ExportError(f"ONNX Runtime did not write the EPContext model {out}; "
+                          "EPContext needs onnxruntime-gpu >= 1.18 with the TensorRT EP.")
+
+
+def register_engines(root: Path, entries: list[dict]) -> None:
+    """Add engine files to the manifest (``files`` and ``engines``), replacing same role/kind/folder entries."""
+    root = Path(root)
+    path = root / MANIFEST
+    data = json.loads(path.read_text())
+    new = {(e["role"], e["kind"], e["file"]) for e in entries}
+    data["engines"] = [e for e in data.get("engines", []) if (e["role"], e["kind"], e["file"]) not in new] + entries
+    for entry in entries:
+        for rel in (entry["file"], entry["sidecar"]):
+            data["files"][rel] = {"sha256": sha256_file(root / rel), "size": (root / rel).stat().st_size}
+    tmp = path.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    read_manifest(root)
+
+
+def build_engines(bundle: str | Path, *, backends: tuple = ("trt", "tensorrt"), max_verify: int = MAX_VERIFY,
+                  hardware_compatible: bool = False, echo=print) -> Path:
+    """Build engines of each backend for every decoder graph of ``bundle``; returns the engine folder."""
+    root = Path(bundle)
+    manifest = read_manifest(root)
+    unknown = set(backends) - set(KINDS)
+    if unknown or not backends:
+        raise ExportError(f"unknown backend(s) {sorted(unknown)}; choose from {', '.join(KINDS)}.")
+    models = [m for m in (manifest.target, manifest.draft) if m is not None]
+    for m in models:
+        if m.graph.flavour != "portable":
+            raise ExportError(f"the {m.role} graph is the {m.graph.flavour!r} flavour; TensorRT needs standard ops: "
+                              "re-export with --flavour portable (and --dtype fp16).")
+    trt_version, gpu = import_tensorrt().__version__, gpu_info()
+    folder = Path("trt") / engine_dir_name(gpu["name"], trt_version)
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    # Build into a scratch folder; only finished engines move into the bundle.
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root / "trt"))
+    entries = []
+    try:
+        for m in models:
+            sidecar = make_sidecar(m.graph, manifest.files[m.graph.path]["sha256"], trt_version=trt_version, gpu=gpu,
+                                   max_verify=max_verify, hardware_compatible=hardware_compatible)
+            for backend in backends:
+                kind, suffix = KINDS[backend]
+                name = f"{m.role}{suffix}"
+                echo(f"  [{m.role}] building {kind} engine {folder / name} ...")
+                if backend == "trt":
+                    build_plan(root / m.graph.path, m.graph, staging / name, max_verify=max_verify,
+                               hardware_compatible=hardware_compatible)
+                    record = sidecar
+                else:
+                    build_ep_context(root / m.graph.path, m.graph, staging / name, max_verify=max_verify)
+                    record = {**sidecar, "hardware_compatibility": "none"}  # the EP builds for this GPU only
+                (staging / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+                entries.append({"kind": kind, "role": m.role, "file": (folder / name).as_posix(),
+                                "sidecar": (folder / f"{name}.json").as_posix()})
+        for item in staging.iterdir():
+            os.replace(item, root / folder / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    register_engines(root, entries)
+    return root / folder

@@ -1,0 +1,215 @@
+"""An engine over ONNX Runtime's CUDA or TensorRT execution provider with the KV cache on the GPU.
+
+The whole cache is one device allocation (an OrtValue) shaped
+``[slabs, layers, 2, 1, kv_heads, capacity, head_dim]``; each layer's key and value is bound
+to the session through IOBinding by raw device pointer, once, for input and output. Per step
+only token ids, position ids and the attention bias go to the device, and only the kept logits
+(and hidden states, if the graph has them) come back, into reused host buffers.
+
+* CUDA EP: one slab, bound as ``past_*`` *and* ``present_*``: ONNX Runtime's in-place cache
+  (GroupQueryAttention share-buffer mode, or ScatterElements skipping its copy when input and
+  output are the same buffer), exactly like the CPU engine.
+* TensorRT EP: TensorRT does not promise in-place updates when an input and an output share
+  memory, so two slabs ping-pong (read one, write the other; one IOBinding per direction, both
+  bound once). That costs one cache-sized device copy per step.
+
+Compaction after a tree step (``commit(n, path)``) runs a tiny ONNX graph on the same
+provider -- Gather the chosen slots, ScatterElements them to ``length..length+n-1``, in place
+on the cache slab -- so the cache never crosses to the host. ONNX Runtime's Python API has no
+device-to-device slice copy, and a graph keeps it one launch for all layers. The graph is
+written as protobuf bytes here, so the light runtime needs no ``onnx`` package.
+
+CUDA graphs (``enable_cuda_graph``) are not used: they need every input shape fixed, and the
+attention bias grows by one column per token.
+
+``device="cpu"`` runs the same code on the CPU (tests; no GPU needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec_edge.bundle import GraphSpec
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.ort_engine import StepOutput, causal_bias, session_options
+from specdec_edge.runtime.providers import create_session, tensorrt_ep_options
+
+ONNX_FLOAT, ONNX_INT64, ONNX_FLOAT16 = 1, 7, 10
+
+
+# ---- a protobuf writer for the tiny compaction graph (field numbers from onnx.proto)
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(num: int, value) -> bytes:
+    if isinstance(value, int):
+        return _varint(num << 3) + _varint(value)
+    data = value.encode() if isinstance(value, str) else value
+    return _varint(num << 3 | 2) + _varint(len(data)) + data
+
+
+def _tensor_info(name: str, elem_type: int, dims: list[str]) -> bytes:
+    shape = b"".join(_field(1, _field(2, d)) for d in dims)  # TensorShapeProto.dim{dim_param}
+    tensor = _field(1, elem_type) + _field(2, shape)  # TypeProto.Tensor
+    return _field(1, name) + _field(2, _field(1, tensor))  # ValueInfoProto{name, type{tensor_type}}
+
+
+def _node(op: str, inputs: list[str], outputs: list[str], **ints) -> bytes:
+    attrs = b"".join(_field(5, _field(1, k) + _field(3, v) + _field(20, 2)) for k, v in ints.items())  # INT attrs
+    return b"".join(_field(1, i) for i in inputs) + b"".join(_field(2, o) for o in outputs) + _field(4, op) + attrs
+
+
+def compaction_model(cache_dtype: str) -> bytes:
+    """ONNX bytes: ``cache_out = cache`` with slots ``dst`` set to the old slots ``src`` (axis 4).
+
+    Inputs: ``cache`` [slab shape, rank 6], ``src`` int64 [n], ``dst`` int64 [1,1,1,1,n,1].
+    Bind ``cache`` and ``cache_out`` to the same memory to move K/V in place.
+    """
+    elem = ONNX_FLOAT16 if cache_dtype == "float16" else ONNX_FLOAT
+    dims = ["layers", "kv", "batch", "heads", "capacity", "head_dim"]
+    nodes = [
+        _node("Gather", ["cache", "src"], ["moved"], axis=4),
+        _node("Shape", ["moved"], ["moved_shape"]),
+        _node("Expand", ["dst", "moved_shape"], ["index"]),
+        _node("ScatterElements", ["cache", "index", "moved"], ["cache_out"], axis=4),
+    ]
+    graph = b"".join(_field(1, n) for n in nodes) + _field(2, "kv_compact")
+    graph += _field(11, _tensor_info("cache", elem, dims)) + _field(11, _tensor_info("src", ONNX_INT64, ["n"]))
+    graph += _field(11, _tensor_info("dst", ONNX_INT64, ["1", "1", "1", "1", "n", "1"]))
+    graph += _field(12, _tensor_info("cache_out", elem, dims))
+    return _field(1, 8) + _field(7, graph) + _field(8, _field(1, "") + _field(2, 17))  # ir 8, opset 17
+
+
+class DeviceEngine:
+    """Runs one bundle graph with a device-resident, fixed-capacity KV cache (batch 1)."""
+
+    def __init__(self, model_path: str | Path, graph: GraphSpec, *, provider: str = "cuda", device: str = "cuda",
+                 threads: int | None = None, share_process: bool = False, provider_options: dict | None = None,
+                 ping_pong: bool | None = None):
+        self.graph = graph
+        self.device = device  # device 0 of its kind
+        self.session = create_session(model_path, session_options(threads, share_process), provider, provider_options)
+        self._compactor = create_session(compaction_model(graph.cache.dtype), session_options(1, True),
+                                         "cpu" if provider == "cpu" else "cuda")
+        spec = graph.cache
+        self.capacity = spec.capacity
+        self.length = 0
+        self._dtype = np.float16 if spec.dtype == "float16" else np.float32
+        self._slabs = (2 if provider == "tensorrt" else 1) if ping_pong is None else (2 if ping_pong else 1)
+        self._slab_shape = [spec.num_layers, 2, 1, spec.num_kv_heads, spec.capacity, spec.head_dim]
+        self._buffer_shape = [1, spec.num_kv_heads, spec.capacity, spec.head_dim]
+        self.cache = ort.OrtValue.ortvalue_from_shape_and_type([self._slabs, *self._slab_shape], self._dtype, device, 0)
+        self._buffer_bytes = int(np.prod(self._buffer_shape)) * np.dtype(self._dtype).itemsize
+        self._slab_bytes = self._buffer_bytes * spec.num_layers * 2
+        # binding[s]: reads slab s, writes slab (s + 1) % slabs; the current slab holds the valid cache.
+        self._bindings = [self._bind_cache(s, (s + 1) % self._slabs) for s in range(self._slabs)]
+        self._current = 0
+        self._out_buffers: dict = {}
+
+    @classmethod
+    def from_bundle(cls, root: Path, role: str, graph: GraphSpec, *, provider: str, threads: int | None = None,
+                    share_process: bool = False) -> "DeviceEngine":
+        """CUDA EP over the bundle's graph; TensorRT EP over a matching prebuilt EPContext model if the
+        bundle has one (``build-engines``), else over the ONNX graph with a per-user engine cache."""
+        model_path, options = root / graph.path, None
+        if provider == "tensorrt":
+            from specdec_edge.runtime.trt import engine_cache_dir, find_prebuilt
+
+            cache_dir = engine_cache_dir(root, graph)
+            options = tensorrt_ep_options(graph, cache_dir)  # refuses a non-portable graph first
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            prebuilt = find_prebuilt(root, role, "ort-epcontext", graph)
+            model_path = root / prebuilt["file"] if prebuilt else model_path
+        return cls(model_path, graph, provider=provider, device="cuda", threads=threads, share_process=share_process,
+                   provider_options=options)
+
+    def _pointer(self, slab: int, layer: int, k: int) -> int:
+        return self.cache.data_ptr() + slab * self._slab_bytes + (layer * 2 + k) * self._buffer_bytes
+
+    def _bind_cache(self, src: int, dst: int) -> ort.IOBinding:
+        binding = self.session.io_binding()
+        spec = self.graph.cache
+        for layer in range(spec.num_layers):
+            for k, kind in enumerate(("key", "value")):
+                binding.bind_input(spec.input_name(layer, kind), self.device, 0, self._dtype, self._buffer_shape,
+                                   self._pointer(src, layer, k))
+                binding.bind_output(spec.output_name(layer, kind), self.device, 0, self._dtype, self._buffer_shape,
+                                    self._pointer(dst, layer, k))
+        return binding
+
+    def _bind_host_outputs(self, binding: ort.IOBinding, seq: int, keep: int) -> tuple:
+        """Bind reused host buffers for this step's logits (and hidden states): ORT copies them off the device."""
+        if (seq, keep) not in self._out_buffers:
+            if len(self._out_buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
+                self._out_buffers.clear()
+            hidden = np.empty((1, seq, self.graph.hidden_size), np.float32) if self.graph.has_hidden_states else None
+            self._out_buffers[seq, keep] = (np.empty((1, keep, self.graph.vocab_size), np.float32), hidden)
+        logits, hidden = self._out_buffers[seq, keep]
+        binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+        if hidden is not None:
+            binding.bind_output("hidden_states", "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
+        return logits, hidden
+
+    @property
+    def vocab_size(self) -> int:
+        return self.graph.vocab_size
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def rollback(self, length: int) -> None:
+        """Forget every cache slot from ``length`` on (nothing is copied)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length} outside 0..{self.length}")
+        self.length = length
+
+    def run(self, input_ids, position_ids: np.ndarray | None = None, attention_bias: np.ndarray | None = None,
+            logits_to_keep: int | None = None) -> StepOutput:
+        """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
+        ids = np.asarray(input_ids, dtype=np.int64).reshape(1, -1)
+        seq, past = ids.shape[1], self.length
+        if past + seq > self.capacity:
+            raise SpecdecError(
+                f"the KV cache holds {self.capacity} tokens and this step needs {past + seq}; "
+                "shorten the prompt or max_new_tokens, or export with a larger --capacity."
+            )
+        if position_ids is None:
+            position_ids = np.arange(past, past + seq, dtype=np.int64)
+        if attention_bias is None:
+            attention_bias = causal_bias(past, seq)
+        keep = seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq))
+        binding = self._bindings[self._current]
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("position_ids", np.asarray(position_ids, dtype=np.int64).reshape(1, seq))
+        binding.bind_cpu_input("attention_bias", np.ascontiguousarray(attention_bias, dtype=np.float32))
+        binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
+        logits, hidden = self._bind_host_outputs(binding, seq, keep)
+        self.session.run_with_iobinding(binding)
+        self._current = (self._current + 1) % self._slabs
+        return StepOutput(logits[0], None if hidden is None else hidden[0])
+
+    def commit(self, n: int, path: np.ndarray | None = None) -> None:
+        """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it)."""
+        if path is not None:
+            path = np.asarray(path, dtype=np.int64)[:n]
+            if not np.array_equal(path, np.arange(n)):
+                self._compact(self.length + path, self.length + np.arange(n, dtype=np.int64))
+        self.length += n
+
+    def _compact(self, src: np.ndarray, dst: np.ndarray) -> None:
+        binding = self._compactor.io_binding()
+        pointer = self.cache.data_ptr() + self._current * self._slab_bytes
+        binding.bind_input("cache", self.device, 0, self._dtype, self._slab_shape, pointer)
+        binding.bind_output("cache_out", self.device, 0, self._dtype, self._slab_shape, pointer)
+        binding.bind_cpu_input("src", src)
+        binding.bind_cpu_input("dst", dst.reshape(1, 1, 1, 1, -1, 1))
+        self._compactor.run_with_iobinding(binding)

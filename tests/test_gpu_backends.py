@@ -1,0 +1,362 @@
+"""NVIDIA backends: provider options, engine sidecars, the device engine's logic, and GPU-only checks.
+
+What runs without a GPU: generated TensorRT profiles and EP options, sidecar validation, the
+EPContext-on-CPU error, the onnxruntime/onnxruntime-gpu conflict warning, and DeviceEngine's
+binding/compaction/ping-pong logic on the CPU (device="cpu") against OrtEngine. Tests marked
+`gpu`/`trt` need the hardware and skip here with the reason (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.bundle import CacheSpec, GraphSpec, read_manifest, verify_bundle
+from specdec_edge.errors import BundleError
+from specdec_edge.runtime import OrtEngine
+from specdec_edge.runtime.cuda_engine import DeviceEngine, compaction_model
+from specdec_edge.runtime.providers import (PREFILL_CHUNK, ort_package_conflict, tensorrt_ep_options,
+                                            tensorrt_profiles)
+from specdec_edge.runtime.trt import check_sidecar, find_prebuilt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def graph_spec(layers=2, kv_heads=2, head_dim=16, capacity=256, dtype="fp32", flavour="portable") -> GraphSpec:
+    cache = CacheSpec(layers, kv_heads, head_dim, capacity, "float16" if dtype == "fp16" else "float32")
+    return GraphSpec("target/model.onnx", flavour, dtype, 320, 64, cache)
+
+
+def parse_profile(text: str) -> dict:
+    return {name: tuple(int(d) for d in dims.split("x")) for name, dims in (p.split(":") for p in text.split(","))}
+
+
+@pytest.fixture(scope="module")
+def portable_bundle(tmp_path_factory, tiny_llama_dir):
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "portable"
+    return export_bundle(str(tiny_llama_dir), out, flavour="portable", capacity=64, progress=False)
+
+
+# ---- provider options and profiles
+@pytest.mark.parametrize("layers,kvh,hd,cap,dtype,top", [
+    (2, 2, 16, 256, "fp32", 256),     # the tiny test bundle
+    (30, 3, 64, 2048, "fp16", 256),   # SmolLM2-135M, fp16, default capacity
+    (18, 1, 256, 4096, "fp16", 256),  # Gemma-3-270M shape
+    (2, 2, 16, 48, "fp32", 48),       # capacity below a prefill chunk caps S
+])
+def test_tensorrt_ep_options_cover_every_pass(tmp_path, layers, kvh, hd, cap, dtype, top):
+    graph = graph_spec(layers, kvh, hd, cap, dtype)
+    opts = tensorrt_ep_options(graph, tmp_path)
+    mins, opt, maxs = (parse_profile(opts[f"trt_profile_{w}_shapes"]) for w in ("min", "opt", "max"))
+    assert set(mins) == set(opt) == set(maxs) == {"input_ids", "position_ids", "attention_bias"} | {
+        f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")}
+    assert mins["input_ids"] == (1, 1) and maxs["input_ids"] == (1, top) == maxs["position_ids"]
+    assert mins["attention_bias"] == (1, 1, 1, 1) and maxs["attention_bias"] == (1, 1, top, cap)
+    for name in mins:
+        assert all(a <= b <= c for a, b, c in zip(mins[name], opt[name], maxs[name])), name
+    assert mins["past_key_values.0.key"] == maxs[f"past_key_values.{layers - 1}.value"] == (1, kvh, cap, hd)
+    assert opts["trt_fp16_enable"] == ("1" if dtype == "fp16" else "0")
+    assert opts["trt_engine_cache_enable"] == "1" and opts["trt_engine_cache_path"] == str(tmp_path)
+    assert tensorrt_ep_options(graph, tmp_path, fp16=True)["trt_fp16_enable"] == "1"
+
+
+def test_profile_covers_every_input_of_an_exported_graph(tmp_path, portable_bundle):
+    import onnx
+
+    graph = read_manifest(portable_bundle).target.graph
+    model = onnx.load(portable_bundle / graph.path, load_external_data=False)
+    inputs = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    profile = parse_profile(tensorrt_ep_options(graph, tmp_path)["trt_profile_max_shapes"])
+    assert set(profile) | {"logits_to_keep"} == set(inputs)
+    for name, dims in profile.items():
+        assert len(dims) == len(inputs[name]) and all(d is None or d == m for d, m in zip(inputs[name], dims)), name
+
+
+def test_profiles_follow_max_verify_and_the_loop():
+    from specdec_edge.speculative.loop import PREFILL_CHUNK as LOOP_CHUNK
+
+    assert PREFILL_CHUNK == LOOP_CHUNK
+    big = tensorrt_profiles(graph_spec(capacity=2048), max_verify=300)
+    assert big["input_ids"][2] == (1, 300) and big["attention_bias"][2] == (1, 1, 300, 2048)
+
+
+def test_ort_flavour_is_refused_for_tensorrt(tmp_path, tiny_bundle):
+    with pytest.raises(SpecdecError, match="--flavour portable"):
+        tensorrt_ep_options(graph_spec(flavour="ort"), tmp_path)
+    with pytest.raises(SpecdecError, match="--flavour portable"):
+        Pipeline.load(tiny_bundle, provider="tensorrt")
+
+
+# ---- engine sidecars
+SIDECAR = {"format": 1, "file": "trt/x/target.plan", "tensorrt_version": "10.3.0", "gpu": "Orin",
+           "compute_capability": "8.7", "hardware_compatibility": "none", "source_sha256": "abc"}
+
+
+def test_sidecar_accepts_the_machine_it_was_built_on():
+    check_sidecar(SIDECAR, trt_version="10.3.0", compute_capability="8.7", source_sha256="abc")
+    ampere = {**SIDECAR, "hardware_compatibility": "ampere_plus"}
+    check_sidecar(ampere, trt_version="10.3.0", compute_capability="9.0", source_sha256="abc")
+
+
+@pytest.mark.parametrize("sidecar,here,match", [
+    (SIDECAR, dict(trt_version="10.13.3", compute_capability="8.7", source_sha256="abc"), "TensorRT 10.3.0"),
+    (SIDECAR, dict(trt_version="10.3.0", compute_capability="9.0", source_sha256="abc"), "compute capability 8.7"),
+    ({**SIDECAR, "hardware_compatibility": "ampere_plus"},
+     dict(trt_version="10.3.0", compute_capability="7.5", source_sha256="abc"), "Ampere and newer"),
+    (SIDECAR, dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="def"), "another version"),
+    ({**SIDECAR, "format": 99}, dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="abc"), "format"),
+])
+def test_sidecar_mismatch_says_rebuild(sidecar, here, match):
+    with pytest.raises(BundleError, match=match) as err:
+        check_sidecar(sidecar, **here)
+    assert "specdec-edge build-engines" in str(err.value)
+
+
+def test_trt_provider_without_engines_says_build_them(tiny_bundle):
+    assert find_prebuilt(tiny_bundle, "target", "tensorrt") is None
+    with pytest.raises(BundleError, match="build-engines"):
+        Pipeline.load(tiny_bundle, provider="trt")
+
+
+def test_prebuilt_engine_lookup_checks_the_running_gpu_and_tensorrt(tmp_path, tiny_bundle, monkeypatch):
+    from specdec_edge.export.trt_build import register_engines
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA Jetson Orin, 8.7'\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.3.0"))
+    bundle = Path(shutil.copytree(tiny_bundle, tmp_path / "bundle"))
+    manifest = read_manifest(bundle)
+    rel = "trt/nvidia-jetson-orin_10.3.0/target.plan"
+    (bundle / rel).parent.mkdir(parents=True)
+    (bundle / rel).write_bytes(b"plan")
+    sidecar = {**SIDECAR, "source_sha256": manifest.files[manifest.target.graph.path]["sha256"]}
+    Path(bundle / f"{rel}.json").write_text(json.dumps(sidecar))
+    register_engines(bundle, [{"kind": "tensorrt", "role": "target", "file": rel, "sidecar": f"{rel}.json"}])
+    assert find_prebuilt(bundle, "target", "tensorrt", manifest.target.graph, required=True)["file"] == rel
+    assert find_prebuilt(bundle, "draft", "tensorrt", manifest.draft.graph) is None
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.13.3"))
+    assert find_prebuilt(bundle, "target", "tensorrt", manifest.target.graph) is None
+    with pytest.raises(BundleError, match="built with TensorRT 10.3.0.*build-engines"):
+        find_prebuilt(bundle, "target", "tensorrt", manifest.target.graph, required=True)
+
+
+def test_build_engines_writes_engines_and_manifest_atomically(tmp_path, portable_bundle, monkeypatch):
+    """The bundle bookkeeping of build-engines, with the two GPU builders replaced by file writers."""
+    from specdec_edge.export import trt_build
+
+    monkeypatch.setattr(trt_build, "import_tensorrt", lambda: types.SimpleNamespace(__version__="10.3.0"))
+    monkeypatch.setattr(trt_build, "gpu_info", lambda: {"name": "NVIDIA Jetson Orin", "compute_capability": "8.7"})
+    monkeypatch.setattr(trt_build, "build_plan", lambda src, graph, out, **kw: out.write_bytes(b"plan"))
+    monkeypatch.setattr(trt_build, "build_ep_context", lambda src, graph, out, **kw: out.write_bytes(b"ctx"))
+    bundle = Path(shutil.copytree(portable_bundle, tmp_path / "bundle"))
+    folder = trt_build.build_engines(bundle, max_verify=16, echo=lambda line: None)
+    assert folder == bundle / "trt/nvidia-jetson-orin_10.3.0"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "target.epctx.onnx", "target.epctx.onnx.json", "target.plan", "target.plan.json"]
+    assert [p.name for p in (bundle / "trt").iterdir()] == [folder.name]  # no scratch left
+    assert verify_bundle(bundle) == []
+    engines = json.loads((bundle / "manifest.json").read_text())["engines"]
+    assert {(e["kind"], e["role"]) for e in engines} == {("tensorrt", "target"), ("ort-epcontext", "target")}
+    plan = json.loads((folder / "target.plan.json").read_text())
+    assert plan["profile"]["input_ids"][2] == [1, 64] and plan["precision"] == "fp32"
+    assert plan["source_sha256"] == read_manifest(bundle).files["target/model.onnx"]["sha256"]
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("builder crashed")
+
+    monkeypatch.setattr(trt_build, "build_ep_context", fail)
+    with pytest.raises(RuntimeError):
+        trt_build.build_engines(bundle, backends=("tensorrt",), echo=lambda line: None)
+    assert verify_bundle(bundle) == [] and [p.name for p in (bundle / "trt").iterdir()] == [folder.name]
+
+
+# ---- EPContext models on a machine without TensorRT
+def epcontext_model(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("EPContext", ["input_ids"], ["logits"], domain="com.microsoft", embed_mode=1,
+                            ep_cache_context=b"engine bytes", source="TensorrtExecutionProvider")
+    graph = helper.make_graph([node], "ctx", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "s"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "s", 320])])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path
+
+
+def test_epcontext_bundle_on_cpu_is_a_clear_error(tmp_path, tiny_bundle):
+    from specdec_edge.export.trt_build import register_engines
+
+    bundle = Path(shutil.copytree(tiny_bundle, tmp_path / "bundle"))
+    manifest = read_manifest(bundle)
+    rel = "trt/nvidia-orin_10.3.0/target.epctx.onnx"
+    ctx = epcontext_model(bundle / rel)
+    Path(f"{ctx}.json").write_text(json.dumps(SIDECAR))
+    register_engines(bundle, [{"kind": "ort-epcontext", "role": "target", "file": rel, "sidecar": f"{rel}.json"}])
+    assert verify_bundle(bundle) == []
+    for engine in (OrtEngine, DeviceEngine):
+        with pytest.raises(SpecdecError, match="EPContext model.*provider='tensorrt'.*build-engines"):
+            engine(ctx, manifest.target.graph, provider="cpu", **({"device": "cpu"} if engine is DeviceEngine else {}))
+    # The bundle's ONNX graphs still serve the CPU.
+    assert Pipeline.load(bundle, method="plain", threads=1).generate("The quick", max_new_tokens=3).token_ids
+
+
+# ---- package conflict, light imports, CLI, the check script
+def test_onnxruntime_package_conflict_is_detected():
+    assert ort_package_conflict(["onnxruntime"]) is None
+    message = ort_package_conflict(["onnxruntime", "onnxruntime-gpu"])
+    assert "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu" in message
+
+
+def test_conflict_warns_at_import_and_gpu_modules_stay_light():
+    code = """
+import importlib.metadata as md, sys, warnings
+real = md.distribution
+md.distribution = lambda name: real("onnxruntime") if name in ("onnxruntime", "onnxruntime-gpu") else real(name)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import specdec_edge.runtime, specdec_edge.runtime.cuda_engine, specdec_edge.runtime.trt
+print("WARN", [str(w.message) for w in caught if w.category is RuntimeWarning])
+heavy = ("torch", "transformers", "onnx", "tensorrt", "cuda")
+print("HEAVY", sorted(m for m in sys.modules if m.split(".")[0] in heavy))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "several ONNX Runtime packages" in res.stdout and "HEAVY []" in res.stdout
+
+
+def test_build_engines_cli_errors_are_clear(tiny_bundle, portable_bundle):
+    from specdec_edge.cli import main
+
+    res = CliRunner().invoke(main, ["build-engines", str(tiny_bundle)])
+    assert res.exit_code == 2 and "--flavour portable" in res.output
+    if shutil.which("nvidia-smi") is None:
+        res = CliRunner().invoke(main, ["build-engines", str(portable_bundle)])
+        assert res.exit_code == 2 and ("tensorrt" in res.output or "GPU" in res.output)
+
+
+def test_gpu_check_script_reports_what_is_missing():
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA driver; the script would run the full check")
+    res = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "missing" in res.stdout + res.stderr and "nvidia-smi" in res.stdout + res.stderr
+
+
+# ---- DeviceEngine logic on the CPU, against OrtEngine
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_compaction_graph_is_valid_onnx_and_moves_slots_in_place(dtype):
+    import onnx
+    import onnxruntime as ort
+
+    name = np.dtype(dtype).name
+    onnx.checker.check_model(onnx.load_from_string(compaction_model(name)), full_check=True)
+    cache = np.random.default_rng(0).standard_normal((2, 2, 1, 2, 12, 4)).astype(dtype)
+    want = cache.copy()
+    want[..., 3:6, :] = cache[..., [3, 5, 8], :]
+    value = ort.OrtValue.ortvalue_from_shape_and_type(cache.shape, dtype, "cpu", 0)  # bound by pointer, as on a GPU
+    value.update_inplace(cache)
+    session = ort.InferenceSession(compaction_model(name), providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    binding.bind_input("cache", "cpu", 0, dtype, cache.shape, value.data_ptr())
+    binding.bind_output("cache_out", "cpu", 0, dtype, cache.shape, value.data_ptr())
+    binding.bind_cpu_input("src", np.array([3, 5, 8]))
+    binding.bind_cpu_input("dst", np.array([3, 4, 5]).reshape(1, 1, 1, 1, 3, 1))
+    session.run_with_iobinding(binding)
+    np.testing.assert_array_equal(value.numpy(), want)
+
+
+def drive(engine) -> list[np.ndarray]:
+    """Prefill, a chain with rollback, a tree with compaction, then decoding after it."""
+    from specdec_edge.runtime import causal_bias
+
+    outs = [engine.run([5, 9, 17, 33, 2, 8, 41], logits_to_keep=1).logits]
+    engine.commit(7)
+    outs.append(engine.run([11, 12, 13]).logits)
+    engine.commit(2)
+    engine.rollback(8)
+    # tree: root 20 with children 21, 22; 23 under 22 -> accept path [0, 2, 3]
+    bias = causal_bias(8, 4)
+    bias[0, 0, :, 8:] = -np.inf
+    for node, ancestors in enumerate([[0], [0, 1], [0, 2], [0, 2, 3]]):
+        bias[0, 0, node, [8 + a for a in ancestors]] = 0
+    outs.append(engine.run([20, 21, 22, 23], position_ids=np.array([8, 9, 9, 10]), attention_bias=bias).logits)
+    engine.commit(3, path=np.array([0, 2, 3]))
+    outs.append(engine.run([30, 31]).logits)
+    engine.commit(2)
+    outs.append(engine.run([32]).logits)
+    assert engine.length == 13
+    return [o.copy() for o in outs]
+
+
+@pytest.mark.parametrize("which", ["tiny", "portable"])
+@pytest.mark.parametrize("ping_pong", [False, True])
+def test_device_engine_logic_matches_the_cpu_engine(which, ping_pong, tiny_bundle, portable_bundle):
+    bundle = tiny_bundle if which == "tiny" else portable_bundle
+    graph = read_manifest(bundle).target.graph
+    want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
+    got = drive(DeviceEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, ping_pong=ping_pong))
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_device_engine_pipeline_is_exact_on_cpu(tiny_bundle):
+    manifest = read_manifest(tiny_bundle)
+    engines = [DeviceEngine(tiny_bundle / m.graph.path, m.graph, provider="cpu", device="cpu", threads=1,
+                            share_process=True) for m in (manifest.target, manifest.draft)]
+    ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    pipe = Pipeline(ref.tokenizer, engines[0], engines[1], "draft", 4)
+    for prompt in ("The quick brown fox", "def add(a, b):"):
+        assert pipe.generate(prompt, max_new_tokens=24).token_ids == ref.generate(prompt, max_new_tokens=24).token_ids
+
+
+# ---- on a GPU (skipped here)
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["tiny", "portable"])
+def test_cuda_engine_matches_cpu(which, tiny_bundle, portable_bundle):
+    bundle = tiny_bundle if which == "tiny" else portable_bundle
+    graph = read_manifest(bundle).target.graph
+    want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
+    got = drive(DeviceEngine(bundle / graph.path, graph, provider="cuda"))
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_speculative_equals_plain(tiny_bundle):
+    pipe = Pipeline.load(tiny_bundle, provider="cuda")
+    plain = pipe.with_method("plain")
+    for prompt in ("The quick brown fox", "def add(a, b):"):
+        assert pipe.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
+
+
+@pytest.mark.trt
+@pytest.mark.parametrize("provider", ["trt", "tensorrt"])
+def test_tensorrt_engines_build_load_and_are_exact(provider, tmp_path, portable_bundle):
+    from specdec_edge.export.trt_build import build_engines
+
+    bundle = Path(shutil.copytree(portable_bundle, tmp_path / "bundle"))
+    build_engines(bundle, backends=(provider,), max_verify=16)
+    assert verify_bundle(bundle) == []
+    pipe = Pipeline.load(bundle, provider=provider, method="pld", k=4)
+    plain = pipe.with_method("plain")
+    for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
+        assert pipe.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids

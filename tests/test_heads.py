@@ -1,0 +1,271 @@
+"""Trained self-drafting on tiny models: training, head export, EAGLE/Medusa tree proposals.
+
+Invariants: a short training run lowers the loss and resumes from its checkpoint to the same
+weights; head graphs match their torch modules; one tree pass gives the logits of sequential
+passes along each branch; the feature tap after compaction equals a plain chain's features;
+eagle and medusa greedy output equals plain greedy token for token; sampling is seeded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_edge import Pipeline
+from specdec_edge.bundle import read_manifest
+from specdec_edge.errors import SpecdecError
+from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
+from specdec_edge.speculative.heads import FeatureTap, MedusaProposer
+from specdec_edge.speculative.loop import decode, prefill
+from specdec_edge.speculative.stats import Stats
+from specdec_edge.speculative.tree import path_to, tree_inputs
+from tests.test_acceptance import CHI2_CRIT_DF7_P001
+from tests.test_light_runtime import heavy_modules, run_clean
+from tests.test_methods import many_prompts
+
+TRAIN = dict(max_prompts=8, answer_tokens=24, draft_vocab=200, epochs=12, lr=1e-2, batch_tokens=96, save_every=2,
+             capacity=256, threads=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    path.write_text("\n".join(str(p) for p in many_prompts(12, seed=3) if isinstance(p, str)) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_llama_dir, prompts_file):
+    """Work folder with eagle and medusa heads trained on the tiny target's own answers."""
+    from specdec_edge.export.train_draft import train_draft
+
+    out = tmp_path_factory.mktemp("heads-work")
+    for method in ("eagle", "medusa"):
+        train_draft(method, str(tiny_llama_dir), out, prompts=prompts_file, **TRAIN)
+    return out
+
+
+@pytest.fixture(scope="module")
+def heads_bundle(tmp_path_factory, tiny_llama_dir, trained):
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-heads"
+    return export_bundle(str(tiny_llama_dir), out, capacity=256, heads=(trained / "eagle", trained / "medusa"),
+                         progress=False)
+
+
+@pytest.fixture(scope="module")
+def plain(heads_bundle):
+    return Pipeline.load(heads_bundle, method="plain", threads=1)
+
+
+def _config(folder):
+    import json
+
+    return json.loads((folder / "config.json").read_text())
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_training_lowers_the_loss(trained, method):
+    t = _config(trained / method)["training"]
+    assert t["steps"] == t["planned_steps"] >= 50
+    assert t["final_loss"] < 0.85 * t["first_loss"], t
+    assert t["draft_vocab"] == 200 and t["sequences"] == 8
+
+
+def test_training_resumes_from_its_checkpoint(tmp_path, monkeypatch, trained, prompts_file):
+    import torch
+
+    from specdec_edge.export import train_draft as td
+
+    bundle = trained / "target-bundle"
+    calls = {"n": 0}
+    real = td.eagle_loss
+
+    def interrupted(*args):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(td, "eagle_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        td.train_draft("eagle", str(bundle), tmp_path, prompts=prompts_file, **TRAIN)
+    assert torch.load(tmp_path / "eagle" / "checkpoint.pt", weights_only=False)["step"] == 4
+    monkeypatch.setattr(td, "eagle_loss", real)
+    td.train_draft("eagle", str(bundle), tmp_path, prompts=prompts_file, **TRAIN)
+    a = torch.load(tmp_path / "eagle" / "checkpoint.pt", weights_only=False)["head"]
+    b = torch.load(trained / "eagle" / "checkpoint.pt", weights_only=False)["head"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in b)
+
+
+def test_manifest_records_heads(heads_bundle):
+    heads = read_manifest(heads_bundle).heads
+    assert heads["default"] == "eagle"
+    assert read_manifest(heads_bundle).target.graph.has_hidden_states
+    for method in ("eagle", "medusa"):
+        s = heads[method]
+        assert s["validation"]["max_rel_err"] < s["validation"]["tolerance"]
+        assert s["validation"]["topk_ids_agreement"] == 1.0
+        assert s["training"]["prompts"] == 8 and s["config"]["draft_vocab"] == 200
+        assert (heads_bundle / s["graph"]).is_file()
+
+
+def test_add_heads_writes_a_new_bundle(tmp_path, trained):
+    from specdec_edge.export.heads import add_heads
+
+    out = add_heads(trained / "target-bundle", [trained / "medusa"], tmp_path / "with-medusa")
+    manifest = read_manifest(out)
+    assert set(manifest.heads) == {"medusa", "default"} and manifest.heads["default"] == "medusa"
+    ref = Pipeline.load(trained / "target-bundle", method="plain", threads=1).generate("the quick brown", 20)
+    got = Pipeline.load(out, threads=1).generate("the quick brown", 20)
+    assert got.token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("method,k,options", [
+    ("eagle", 4, {}),
+    ("eagle", 6, {"topk": 3, "nodes": 10}),
+    ("eagle", 2, {"topk": 1, "nodes": 1}),
+    ("medusa", 4, {}),
+    ("medusa", 3, {"tree": [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]}),
+])
+def test_heads_greedy_equals_plain(plain, method, k, options):
+    pipe = plain.with_method(method, k=k, **options)
+    accepted = 0
+    for prompt in many_prompts():
+        ref = plain.generate(prompt, max_new_tokens=40)
+        got = pipe.generate(prompt, max_new_tokens=40)
+        assert got.token_ids == ref.token_ids, prompt
+        accepted += got.stats.accepted
+    assert accepted > 0, "the heads never got a token accepted: the test would prove nothing"
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_heads_sampling_is_seeded(plain, method):
+    pipe = plain.with_method(method, k=4)
+    a, b, c = (pipe.generate("the quick brown fox", max_new_tokens=30, temperature=0.8, seed=s) for s in (3, 3, 4))
+    assert a.token_ids == b.token_ids != c.token_ids
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_heads_sampling_keeps_the_target_distribution(plain, method):
+    """First emitted token over many seeds vs the target's exact top-8 distribution (chi-square, df 7)."""
+    params = SamplingParams(temperature=1.0, top_k=8)
+    ids = plain.encode([{"role": "user", "content": "the quick brown fox jumps"}])
+    prefill(plain.target, ids[:-1])
+    p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
+    support = np.flatnonzero(p)
+    pipe = plain.with_method(method, k=4)
+    firsts, accepted = [], 0
+    for seed in range(1500):
+        stats = Stats()
+        chunk = next(decode(pipe.proposer.tap, pipe.proposer, ids, max_new_tokens=2, params=params, k=4,
+                            rng=make_rng(seed), stats=stats))
+        firsts.append(chunk.tokens[0])
+        accepted += stats.accepted
+    counts = np.array([firsts.count(t) for t in support])
+    assert counts.sum() == len(firsts) and len(support) == 8
+    expected = p[support] * len(firsts)
+    assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_CRIT_DF7_P001
+    assert accepted > 100, f"the tree was accepted {accepted} times: the test would prove little"
+
+
+def test_default_method_of_a_heads_bundle(heads_bundle):
+    assert Pipeline.load(heads_bundle, threads=1).method == "eagle"
+
+
+def test_tree_pass_equals_sequential_branches_and_tap_follows_compaction(plain):
+    """An EAGLE tree in one target pass vs each branch run as a chain; then commit a branch."""
+    pipe = plain.with_method("eagle", k=4, topk=3, nodes=12)
+    prompt = pipe.encode("the quick brown fox jumps over")
+    tap = pipe.proposer.tap
+    prefill(tap, prompt[:-1])
+    pipe.proposer.prefill(prompt, None, None)
+    proposal = pipe.proposer.propose(prompt, 4)
+    parents = np.concatenate([[-1], proposal.parents + 1])
+    ids = np.concatenate([[prompt[-1]], proposal.tokens])
+    assert len(proposal.tokens) == 12 and proposal.parents.max() >= 0
+    positions, bias = tree_inputs(parents, tap.length)
+    out = tap.run(ids, positions, bias)
+    tree_logits, tree_hidden = np.array(out.logits), np.array(out.hidden_states)
+    base = tap.length
+    for node in range(len(ids)):
+        branch = path_to(parents, node)
+        chain = tap.engine.run(ids[branch])
+        assert np.allclose(chain.logits[-1], tree_logits[node], atol=1e-4)
+        assert np.allclose(chain.hidden_states[-1], tree_hidden[node], atol=1e-4)
+    # Compact the deepest branch; the tap's features must equal a plain prefill's.
+    deepest = int(np.argmax([len(path_to(parents, i)) for i in range(len(ids))]))
+    branch = np.array(path_to(parents, deepest))
+    tap.run(ids, positions, bias)
+    tap.commit(len(branch), branch)
+    features = tap.features[: tap.length].copy()
+    reference = FeatureTap(tap.engine)
+    prefill(reference, list(prompt[:-1]) + ids[branch].tolist())
+    assert tap.length == base + len(branch) == reference.length
+    assert np.allclose(features, reference.features[: reference.length], atol=1e-4)
+    nxt = tap.engine.run([7])  # the compacted cache continues like the chain
+    again = reference.engine.run([7])
+    assert np.allclose(nxt.logits, again.logits, atol=1e-5)
+
+
+def test_errors_say_what_to_do(tiny_bundle, plain):
+    pipe = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    with pytest.raises(SpecdecError, match="train-draft"):
+        pipe.with_method("eagle")
+    with pytest.raises(SpecdecError, match="prefix"):
+        plain.with_method("medusa", tree=[(0, 1)])
+    with pytest.raises(SpecdecError, match="topk"):
+        plain.with_method("eagle", topk=99)
+    assert isinstance(plain.with_method("medusa").proposer, MedusaProposer)
+
+
+def test_heads_pipeline_without_heavy_imports(heads_bundle):
+    res = run_clean(f"""
+        from specdec_edge import Pipeline
+        pipe = Pipeline.load({str(heads_bundle)!r}, method="eagle")
+        print("TOKENS", len(pipe.generate("The quick brown fox", max_new_tokens=8).token_ids))
+    """)
+    assert res.returncode == 0, res.stderr
+    assert "TOKENS" in res.stdout and heavy_modules(res) == "[]"
+
+
+def test_train_draft_cli(tmp_path, trained, prompts_file):
+    """The command trains from a bundle with hidden states, then resumes as a no-op."""
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+
+    args = ["train-draft", "--method", "medusa", "--target", str(trained / "target-bundle"), "--out", str(tmp_path),
+            "--prompts", str(prompts_file), "--max-prompts", "4", "--answer-tokens", "8", "--epochs", "1",
+            "--draft-vocab", "0", "--threads", "1"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "Wrote medusa heads" in res.output and (tmp_path / "medusa" / "weights.safetensors").is_file()
+    assert _config(tmp_path / "medusa")["draft_vocab"] == _config(tmp_path / "medusa")["vocab_size"]
+    res = CliRunner().invoke(main, args[:-2] + ["--threads", "2", "--epochs", "2"])
+    assert res.exit_code == 2 and "other settings" in res.output
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "specdec_edge" / "data" / "heads"
+
+
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="no shipped heads")
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_shipped_heads_are_small_fp16_and_load(method):
+    from safetensors import safe_open
+
+    from specdec_edge.export.heads import load_heads
+
+    folder = SHIPPED / method
+    cfg = _config(folder)
+    assert cfg["method"] == method and cfg["training"]["steps"] > 0
+    assert (folder / "weights.safetensors").stat().st_size < 16e6
+    with safe_open(str(folder / "weights.safetensors"), "np") as f:
+        dtypes = {f.get_tensor(k).dtype.name for k in f.keys() if k != "vocab_ids"}
+    assert dtypes == {"float16"}
+    shape = (cfg["vocab_size"], cfg["hidden_size"])
+    head = load_heads(folder, np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+    assert head.target.lm_head_t.shape == (cfg["hidden_size"], cfg["draft_vocab"])
