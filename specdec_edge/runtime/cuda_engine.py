@@ -34,6 +34,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import CacheLength
 from specdec_edge.runtime.ort_engine import StepOutput, causal_bias, session_options
 from specdec_edge.runtime.providers import create_session, tensorrt_ep_options
 
@@ -89,7 +90,7 @@ def compaction_model(cache_dtype: str) -> bytes:
     return _field(1, 8) + _field(7, graph) + _field(8, _field(1, "") + _field(2, 17))  # ir 8, opset 17
 
 
-class DeviceEngine:
+class DeviceEngine(CacheLength):
     """Runs one bundle graph with a device-resident, fixed-capacity KV cache (batch 1)."""
 
     def __init__(self, model_path: str | Path, graph: GraphSpec, *, provider: str = "cuda", device: str = "cuda",
@@ -158,19 +159,6 @@ class DeviceEngine:
         if hidden is not None:
             binding.bind_output("hidden_states", "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
         return logits, hidden
-
-    @property
-    def vocab_size(self) -> int:
-        return self.graph.vocab_size
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def rollback(self, length: int) -> None:
-        """Forget every cache slot from ``length`` on (nothing is copied)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length} outside 0..{self.length}")
-        self.length = length
 
     def run(self, input_ids, position_ids: np.ndarray | None = None, attention_bias: np.ndarray | None = None,
             logits_to_keep: int | None = None) -> StepOutput:

@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import CacheLength
 from specdec_edge.runtime.providers import create_session
 
 NEG_INF = np.float32(-np.inf)
@@ -53,7 +54,7 @@ def session_options(threads: int | None = None, share_process: bool = False) -> 
     return opts
 
 
-class OrtEngine:
+class OrtEngine(CacheLength):
     """Runs one bundle graph with a fixed-capacity in-place KV cache (batch 1)."""
 
     def __init__(
@@ -100,19 +101,6 @@ class OrtEngine:
             self.binding.bind_output("hidden_states", "cpu", element_type=np.float32, shape=hidden.shape,
                                      buffer_ptr=hidden.ctypes.data)
         return logits, hidden
-
-    @property
-    def vocab_size(self) -> int:
-        return self.graph.vocab_size
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def rollback(self, length: int) -> None:
-        """Forget every cache slot from ``length`` on (nothing is copied)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length} outside 0..{self.length}")
-        self.length = length
 
     def run(
         self,

@@ -28,6 +28,7 @@ import numpy as np
 
 from specdec_edge.bundle import MANIFEST, GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
+from specdec_edge.runtime.base import CacheLength
 from specdec_edge.runtime.ort_engine import StepOutput, causal_bias
 
 REBUILD = "rebuild with `specdec-edge build-engines BUNDLE` on this device"
@@ -166,7 +167,7 @@ def cuda_check(cudart, result):
     return values[0] if len(values) == 1 else values
 
 
-class TrtEngine:
+class TrtEngine(CacheLength):
     """One serialized TensorRT engine with device KV buffers, run with ``execute_async_v3`` (batch 1).
 
     The cache is two device slabs ``[layers, 2, 1, kv_heads, capacity, head_dim]`` that ping-pong
@@ -226,18 +227,6 @@ class TrtEngine:
             self._cudart.cudaFree(ptr)
         if getattr(self, "_stream", None) is not None:
             self._cudart.cudaStreamDestroy(self._stream)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.graph.vocab_size
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length} outside 0..{self.length}")
-        self.length = length
 
     def _upload(self, name: str, array: np.ndarray) -> None:
         kind = self._cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
