@@ -20,7 +20,7 @@ def spec_bench_prompt(question_id: int = DEFAULT_QUESTION_ID) -> str:
     raise KeyError(question_id)
 
 
-def run_demo(prompt: str | None = None, *, method: str = "pld", k: int = 8, max_new_tokens: int = 128,
+def run_demo(prompt: str | None = None, *, method: str = "pld", k: int = 4, max_new_tokens: int = 128,
              threads: int | None = 2, dtype: str = "fp32", echo=print, write=None) -> dict:
     """Stream the speculative answer, then time plain decoding on the same prompt; return both stats."""
     write = write or (lambda text: print(text, end="", flush=True))
