@@ -193,7 +193,7 @@ def build_engines(bundle, backends, max_verify, hardware_compatible):
 @click.option("--prompt", default=None, help="Your own prompt (default: a Spec-Bench summarization task).")
 @click.option("--method", type=click.Choice(["pld", "lookahead"]), default="pld", show_default=True,
               help="Speculative method to compare with plain decoding.")
-@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True, help="Speculation length (4 measured best on this CPU).")
+@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True, help="Speculation length (the setting docs/PERFORMANCE.md measures).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
               help="Precision of the default bundle.")
