@@ -232,28 +232,41 @@ def build_decoder(
 
     def mlp(i, x):
         p = f"model.layers.{i}.mlp"
-        gate = activation(b.op("MatMul", x, weight(p + ".gate_proj.weight", transpose=True)))
-        up = b.op("MatMul", x, weight(p + ".up_proj.weight", transpose=True))
-        return b.op("MatMul", b.op("Mul", gate, up), weight(p + ".down_proj.weight", transpose=True))
+        # One MatMul for gate and up (half the kernel launches), split after.
+        wgu = np.concatenate([w[p + ".gate_proj.weight"], w[p + ".up_proj.weight"]], 0).T.astype(wdt)
+        inter = wgu.shape[1] // 2
+        gate, up = b.op("Split", b.op("MatMul", x, b.init(p + ".gate_up_proj.weight.T", wgu)),
+                        b.const([inter, inter]), axis=-1, outputs=2)
+        return b.op("MatMul", b.op("Mul", activation(gate), up), weight(p + ".down_proj.weight", transpose=True))
+
+    def add_norm(x, h, wname):
+        """(x + h, rms_norm(x + h)): one fused SkipSimplifiedLayerNormalization on the ort flavour."""
+        if flavour == "ort":
+            out = b.op("SkipSimplifiedLayerNormalization", h, x, norm_weight(wname), domain="com.microsoft",
+                       outputs=4, epsilon=cfg.rms_eps)
+            return out[3], out[0]
+        x = b.op("Add", x, h)
+        return x, rms_norm(x, wname)
 
     # ---- the decoder
     embed = w["model.embed_tokens.weight"]
     x = b.op("Gather", b.init("model.embed_tokens.weight", embed.astype(wdt)), "input_ids", axis=0)
     if arch.embed_scale:
         x = b.op("Mul", x, b.const(np.sqrt(H), wdt))
+    normed = rms_norm(x, "model.layers.0.input_layernorm.weight")
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}"
-        h = attention(i, rms_norm(x, p + ".input_layernorm.weight"))
+        h = attention(i, normed)
         if arch.sandwich_norm:
             h = rms_norm(h, p + ".post_attention_layernorm.weight")
-            x = b.op("Add", x, h)
-            h = mlp(i, rms_norm(x, p + ".pre_feedforward_layernorm.weight"))
-            h = rms_norm(h, p + ".post_feedforward_layernorm.weight")
+            x, normed = add_norm(x, h, p + ".pre_feedforward_layernorm.weight")
+            h = rms_norm(mlp(i, normed), p + ".post_feedforward_layernorm.weight")
         else:
-            x = b.op("Add", x, h)
-            h = mlp(i, rms_norm(x, p + ".post_attention_layernorm.weight"))
-        x = b.op("Add", x, h)
-    x = rms_norm(x, "model.norm.weight")
+            x, normed = add_norm(x, h, p + ".post_attention_layernorm.weight")
+            h = mlp(i, normed)
+        nxt = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < cfg.num_layers else "model.norm.weight"
+        x, normed = add_norm(x, h, nxt)  # the residual stream, and the next layer's (or the final) norm of it
+    x = normed
     head = w.get("lm_head.weight", embed)
     last = b.op("Slice", x, b.op("Neg", "logits_to_keep"), b.const([np.iinfo(np.int64).max]), b.const([1]))
     logits = b.op("MatMul", last, b.init("lm_head.weight.T", head.T.astype(wdt)))
