@@ -14,7 +14,6 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import accept_tree_greedy, accept_tree_sampling
-from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer, lookup
 from specdec_edge.speculative.loop import decode
 from specdec_edge.speculative.proposal import Proposal, Proposer
@@ -49,15 +48,19 @@ def many_prompts(n=24, seed=0):
     ("lookahead", 6, {"window": 5, "ngram": 4, "guesses": 6, "prompt_ngrams": False}),
 ])
 def test_method_greedy_equals_plain(plain, method, k, options):
-    pipe = plain.with_method(method, k=k, **options)
+    assert_greedy_equals_plain(plain, plain.with_method(method, k=k, **options))
+
+
+def assert_greedy_equals_plain(plain, pipe, prompts=None):
+    """``pipe``'s greedy tokens equal ``plain``'s on every prompt, and some proposal was accepted."""
     accepted = 0
-    for prompt in many_prompts():
+    for prompt in prompts or many_prompts():
         ref = plain.generate(prompt, max_new_tokens=40)
         got = pipe.generate(prompt, max_new_tokens=40)
         assert got.token_ids == ref.token_ids, prompt
         assert got.stats.new_tokens == ref.stats.new_tokens
         accepted += got.stats.accepted
-    assert accepted > 0, "the method never got a token accepted: the test would prove nothing"
+    assert accepted > 0, f"{pipe.method} never got a token accepted: the test would prove nothing"
 
 
 def test_lookahead_sampling_is_seeded_and_valid(plain):

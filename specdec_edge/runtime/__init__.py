@@ -4,7 +4,8 @@ Light: imports numpy and onnxruntime only; ``open_engine`` imports a GPU engine 
 Warns at import when several ONNX Runtime packages (e.g. onnxruntime and onnxruntime-gpu) are installed.
 """
 
-from specdec_edge.runtime.ort_engine import OrtEngine, StepOutput, causal_bias
+from specdec_edge.runtime.base import causal_bias
+from specdec_edge.runtime.ort_engine import OrtEngine, StepOutput
 from specdec_edge.runtime.providers import BACKENDS, open_engine, warn_on_package_conflict
 
 warn_on_package_conflict()

@@ -33,9 +33,8 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
-from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import CacheLength
-from specdec_edge.runtime.ort_engine import StepOutput, causal_bias, session_options
+from specdec_edge.runtime.ort_engine import StepOutput, session_options
 from specdec_edge.runtime.providers import create_session, tensorrt_ep_options
 
 ONNX_FLOAT, ONNX_INT64, ONNX_FLOAT16 = 1, 7, 10
@@ -163,22 +162,12 @@ class DeviceEngine(CacheLength):
     def run(self, input_ids, position_ids: np.ndarray | None = None, attention_bias: np.ndarray | None = None,
             logits_to_keep: int | None = None) -> StepOutput:
         """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
-        ids = np.asarray(input_ids, dtype=np.int64).reshape(1, -1)
-        seq, past = ids.shape[1], self.length
-        if past + seq > self.capacity:
-            raise SpecdecError(
-                f"the KV cache holds {self.capacity} tokens and this step needs {past + seq}; "
-                "shorten the prompt or max_new_tokens, or export with a larger --capacity."
-            )
-        if position_ids is None:
-            position_ids = np.arange(past, past + seq, dtype=np.int64)
-        if attention_bias is None:
-            attention_bias = causal_bias(past, seq)
-        keep = seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq))
+        step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
+        seq, keep = step.ids.shape[1], step.keep
         binding = self._bindings[self._current]
-        binding.bind_cpu_input("input_ids", ids)
-        binding.bind_cpu_input("position_ids", np.asarray(position_ids, dtype=np.int64).reshape(1, seq))
-        binding.bind_cpu_input("attention_bias", np.ascontiguousarray(attention_bias, dtype=np.float32))
+        binding.bind_cpu_input("input_ids", step.ids)
+        binding.bind_cpu_input("position_ids", step.positions)
+        binding.bind_cpu_input("attention_bias", step.bias)
         binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
         logits, hidden = self._bind_host_outputs(binding, seq, keep)
         self.session.run_with_iobinding(binding)

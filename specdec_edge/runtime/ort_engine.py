@@ -21,25 +21,15 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
-from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import CacheLength
 from specdec_edge.runtime.providers import create_session
 
-NEG_INF = np.float32(-np.inf)
 
 
 @dataclass
 class StepOutput:
     logits: np.ndarray  # (N, V) float32: a reused buffer, valid until the next run with the same shape
     hidden_states: np.ndarray | None = None  # (S, H)
-
-
-def causal_bias(past: int, seq: int) -> np.ndarray:
-    """(1, 1, S, past+S) float32 bias: every new token sees the cache and earlier new tokens."""
-    bias = np.zeros((1, 1, seq, past + seq), dtype=np.float32)
-    if seq > 1:
-        bias[0, 0, :, past:][np.triu_indices(seq, 1)] = NEG_INF
-    return bias
 
 
 def session_options(threads: int | None = None, share_process: bool = False) -> ort.SessionOptions:
@@ -113,22 +103,11 @@ class OrtEngine(CacheLength):
 
         Logits come back for the last ``logits_to_keep`` new tokens (default: all S).
         """
-        ids = np.asarray(input_ids, dtype=np.int64).reshape(1, -1)
-        seq = ids.shape[1]
-        past = self.length
-        if past + seq > self.capacity:
-            raise SpecdecError(
-                f"the KV cache holds {self.capacity} tokens and this step needs {past + seq}; "
-                "shorten the prompt or max_new_tokens, or export with a larger --capacity."
-            )
-        if position_ids is None:
-            position_ids = np.arange(past, past + seq, dtype=np.int64)
-        if attention_bias is None:
-            attention_bias = causal_bias(past, seq)
-        self.binding.bind_cpu_input("input_ids", ids)
-        self.binding.bind_cpu_input("position_ids", np.asarray(position_ids, dtype=np.int64).reshape(1, seq))
-        self.binding.bind_cpu_input("attention_bias", np.ascontiguousarray(attention_bias, dtype=np.float32))
-        keep = seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq))
+        step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
+        seq, keep = step.ids.shape[1], step.keep
+        self.binding.bind_cpu_input("input_ids", step.ids)
+        self.binding.bind_cpu_input("position_ids", step.positions)
+        self.binding.bind_cpu_input("attention_bias", step.bias)
         self.binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
         logits, hidden = self._bind_step_outputs(seq, keep)
         self.session.run_with_iobinding(self.binding)

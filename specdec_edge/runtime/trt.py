@@ -29,7 +29,7 @@ import numpy as np
 from specdec_edge.bundle import MANIFEST, GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.base import CacheLength
-from specdec_edge.runtime.ort_engine import StepOutput, causal_bias
+from specdec_edge.runtime.ort_engine import StepOutput
 
 REBUILD = "rebuild with `specdec-edge build-engines BUNDLE` on this device"
 SIDECAR_FORMAT = 1
@@ -236,19 +236,15 @@ class TrtEngine(CacheLength):
         self._context.set_tensor_address(name, self._inputs[name])
 
     def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepOutput:
-        ids = np.ascontiguousarray(np.asarray(input_ids, dtype=np.int64).reshape(1, -1))
-        seq, past = ids.shape[1], self.length
-        if past + seq > self.capacity or seq > self._max_seq:
-            raise SpecdecError(f"this step needs {past + seq} cache slots and {seq} new tokens; the engine holds "
-                               f"{self.capacity} and at most {self._max_seq} per pass: shorten the prompt or "
-                               "max_new_tokens, or rebuild the engine with a larger --max-verify.")
-        positions = np.arange(past, past + seq, dtype=np.int64) if position_ids is None else position_ids
-        bias = causal_bias(past, seq) if attention_bias is None else attention_bias
-        keep = seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq))
+        step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
+        seq, keep = step.ids.shape[1], step.keep
+        if seq > self._max_seq:
+            raise SpecdecError(f"this step has {seq} new tokens; the engine takes at most {self._max_seq} per pass: "
+                               "rebuild the engine with a larger --max-verify.")
         self._keep[0] = keep
-        self._upload("input_ids", ids)
-        self._upload("position_ids", np.ascontiguousarray(np.asarray(positions, dtype=np.int64).reshape(1, seq)))
-        self._upload("attention_bias", np.ascontiguousarray(bias, dtype=np.float32))
+        self._upload("input_ids", step.ids)
+        self._upload("position_ids", step.positions)
+        self._upload("attention_bias", step.bias)
         if self._keep_on_host:
             self._context.set_input_shape("logits_to_keep", self._keep.shape)
             self._context.set_tensor_address("logits_to_keep", self._keep.ctypes.data)

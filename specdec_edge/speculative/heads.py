@@ -27,7 +27,8 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.ort_engine import causal_bias, session_options
+from specdec_edge.runtime.base import causal_bias
+from specdec_edge.runtime.ort_engine import session_options
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 # Rank paths of the default Medusa tree: depth 1..5, most likely first (21 nodes).
