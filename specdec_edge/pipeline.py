@@ -152,7 +152,8 @@ class Pipeline:
 
     @classmethod
     def load(cls, bundle: str | Path, *, method: str | None = None, k: int = 4, threads: int | None = None,
-             provider: str = "cpu", allow_inexact: bool = False, **options) -> "Pipeline":
+             provider: str = "cpu", allow_inexact: bool = False, pad_to: int | None = None,
+             **options) -> "Pipeline":
         """Load ``bundle``.
 
         ``method``: "draft" (default when the bundle has a draft model), "pld" (prompt
@@ -164,6 +165,8 @@ class Pipeline:
         "trt" (TensorRT engines from `specdec-edge build-engines`); see ``runtime/providers.py``.
         ``allow_inexact``: permit speculation on int8/int4 bundles, whose batched verification
         can change the output (see GraphSpec.batch_invariant).
+        ``pad_to``: GPU providers pad every narrower pass to this many rows so that speculative and
+        plain decoding round alike (default 32; 0 turns it off; see ``runtime/cuda_engine.py``).
         """
         root = Path(bundle)
         manifest = read_manifest(root)
@@ -174,11 +177,12 @@ class Pipeline:
         if method == "draft" and manifest.draft is None:
             raise SpecdecError(f"bundle {root} has no draft model; use method 'pld' or 'plain', or export with --draft.")
         share = manifest.draft is not None or bool(heads)  # several sessions in one process: no spinning pools
-        target = open_engine(root, manifest.target.graph, provider=provider, threads=threads, share_process=share)
+        target = open_engine(root, manifest.target.graph, provider=provider, threads=threads, share_process=share,
+                             pad_to=pad_to)
         draft = None
         if manifest.draft is not None:
             draft = open_engine(root, manifest.draft.graph, provider=provider, threads=threads, share_process=True,
-                                role="draft")
+                                role="draft", pad_to=pad_to)
         return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k, options,
                    heads=load_head_graphs(root, heads, threads), allow_inexact=allow_inexact)
 

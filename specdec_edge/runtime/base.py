@@ -27,6 +27,35 @@ def causal_bias(past: int, seq: int) -> np.ndarray:
     return bias
 
 
+# GPU engines pad every narrower pass to this many rows (see pad_step); CPU kernels need no padding.
+PAD_TO = 32
+
+
+def pad_step(step: StepInputs, width: int, past: int) -> StepInputs:
+    """``step`` widened to ``width`` rows by appending padding tokens, so that every pass has one shape.
+
+    GPU kernels pick their algorithm (and so their rounding) by shape: a token scored in a 1-row
+    pass and in a 5-row pass can get logits that differ in the last bits, and a near-tie can then
+    flip greedy output. With every decode pass padded to one width, each real row goes through
+    the same kernels whichever pass it is in. Padding rows (token 0 at the last real position)
+    see the committed cache and themselves only, real rows never see them, and their K/V land in
+    slots after the real tokens, beyond the valid length, where the next pass overwrites them.
+    The real rows' logits are the first ``step.keep`` of the kept ``step.keep + pad`` rows.
+    """
+    seq = step.ids.shape[1]
+    pad = width - seq
+    if pad <= 0:
+        return step
+    ids = np.concatenate([step.ids, np.zeros((1, pad), np.int64)], axis=1)
+    positions = np.concatenate([step.positions, np.repeat(step.positions[:, -1:], pad, axis=1)], axis=1)
+    bias = np.full((1, 1, width, past + width), -np.inf, dtype=np.float32)
+    bias[0, 0, :seq, : past + seq] = step.bias[0, 0]
+    rows = np.arange(seq, width)
+    bias[0, 0, seq:, :past] = 0
+    bias[0, 0, rows, past + rows] = 0
+    return StepInputs(ids, positions, bias, step.keep + pad)
+
+
 class CacheLength:
     """Mixin for engines: ``length`` committed slots; rollback moves it back and copies nothing.
 

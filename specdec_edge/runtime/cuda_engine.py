@@ -19,6 +19,17 @@ on the cache slab -- so the cache never crosses to the host. ONNX Runtime's Pyth
 device-to-device slice copy, and a graph keeps it one launch for all layers. The graph is
 written as protobuf bytes here, so the light runtime needs no ``onnx`` package.
 
+Padding (``pad_to``, default 32 on the GPU): every pass narrower than ``pad_to`` is padded to
+that width (``runtime.base.pad_step``), so that a token's logits come out of the same kernels
+whether it was decoded alone or verified among draft tokens -- GPU kernels round differently for
+different shapes, which can flip near-tied greedy choices and make speculative output differ
+from plain output. On a GPU a pass of 32 rows costs about what a pass of 1 row costs for models
+small enough to be bound by weight reads or launches. Passes wider than ``pad_to`` (long prefill
+chunks, trees over 32 nodes) run as they are. ``pad_to=0`` turns it off.
+
+fp32 graphs run with TF32 off (ONNX Runtime's CUDA EP enables TF32 matrix products by default,
+which rounds fp32 inputs to 10-bit mantissas).
+
 CUDA graphs (``enable_cuda_graph``) are not used: they need every input shape fixed, and the
 attention bias grows by one column per token.
 
@@ -33,7 +44,8 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
-from specdec_edge.runtime.base import CacheLength
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import PAD_TO, CacheLength, pad_step
 from specdec_edge.runtime.ort_engine import StepOutput, session_options
 from specdec_edge.runtime.providers import create_session, tensorrt_ep_options
 
@@ -94,9 +106,18 @@ class DeviceEngine(CacheLength):
 
     def __init__(self, model_path: str | Path, graph: GraphSpec, *, provider: str = "cuda", device: str = "cuda",
                  threads: int | None = None, share_process: bool = False, provider_options: dict | None = None,
-                 ping_pong: bool | None = None):
+                 ping_pong: bool | None = None, pad_to: int | None = None):
         self.graph = graph
         self.device = device  # device 0 of its kind
+        if provider == "cuda":
+            if graph.flavour == "ort" and graph.dtype == "fp32":
+                raise SpecdecError(
+                    "this bundle is an fp32 'ort' graph: ONNX Runtime's CUDA GroupQueryAttention exists in fp16 and "
+                    "bf16 only, so every attention layer would run on the CPU with the cache copied back and forth. "
+                    "Export with --dtype fp16 for provider 'cuda' (or --flavour portable to keep fp32)."
+                )
+            provider_options = {**({"use_tf32": "0"} if graph.dtype == "fp32" else {}), **(provider_options or {})}
+        self.pad_to = (0 if device == "cpu" else PAD_TO) if pad_to is None else pad_to
         self.session = create_session(model_path, session_options(threads, share_process), provider, provider_options)
         self._compactor = create_session(compaction_model(graph.cache.dtype), session_options(1, True),
                                          "cpu" if provider == "cpu" else "cuda")
@@ -117,7 +138,7 @@ class DeviceEngine(CacheLength):
 
     @classmethod
     def from_bundle(cls, root: Path, role: str, graph: GraphSpec, *, provider: str, threads: int | None = None,
-                    share_process: bool = False) -> "DeviceEngine":
+                    share_process: bool = False, pad_to: int | None = None) -> "DeviceEngine":
         """CUDA EP over the bundle's graph; TensorRT EP over a matching prebuilt EPContext model if the
         bundle has one (``build-engines``), else over the ONNX graph with a per-user engine cache."""
         model_path, options = root / graph.path, None
@@ -130,7 +151,7 @@ class DeviceEngine(CacheLength):
             prebuilt = find_prebuilt(root, role, "ort-epcontext", graph)
             model_path = root / prebuilt["file"] if prebuilt else model_path
         return cls(model_path, graph, provider=provider, device="cuda", threads=threads, share_process=share_process,
-                   provider_options=options)
+                   provider_options=options, pad_to=pad_to)
 
     def _pointer(self, slab: int, layer: int, k: int) -> int:
         return self.cache.data_ptr() + slab * self._slab_bytes + (layer * 2 + k) * self._buffer_bytes
@@ -164,15 +185,17 @@ class DeviceEngine(CacheLength):
         """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
         step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
         seq, keep = step.ids.shape[1], step.keep
+        if seq < self.pad_to <= self.capacity - self.length:
+            step = pad_step(step, self.pad_to, self.length)
         binding = self._bindings[self._current]
         binding.bind_cpu_input("input_ids", step.ids)
         binding.bind_cpu_input("position_ids", step.positions)
         binding.bind_cpu_input("attention_bias", step.bias)
-        binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
-        logits, hidden = self._bind_host_outputs(binding, seq, keep)
+        binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
+        logits, hidden = self._bind_host_outputs(binding, step.ids.shape[1], step.keep)
         self.session.run_with_iobinding(binding)
         self._current = (self._current + 1) % self._slabs
-        return StepOutput(logits[0], None if hidden is None else hidden[0])
+        return StepOutput(logits[0, :keep], None if hidden is None else hidden[0, :seq])
 
     def commit(self, n: int, path: np.ndarray | None = None) -> None:
         """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it)."""

@@ -28,7 +28,7 @@ from specdec_edge.runtime.providers import create_session
 
 @dataclass
 class StepOutput:
-    logits: np.ndarray  # (N, V) float32: a reused buffer, valid until the next run with the same shape
+    logits: np.ndarray  # (N, V) float32: may be a reused buffer, valid until the engine's next run
     hidden_states: np.ndarray | None = None  # (S, H)
 
 

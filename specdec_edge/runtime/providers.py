@@ -194,8 +194,12 @@ def tensorrt_ep_options(graph: GraphSpec, cache_dir: str | Path, *, max_verify: 
 
 
 def open_engine(root: Path, graph: GraphSpec, *, provider: str = "cpu", threads: int | None = None,
-                share_process: bool = False, role: str = "target"):
-    """The engine of ``provider`` over one bundle graph (see the table in this module's docstring)."""
+                share_process: bool = False, role: str = "target", pad_to: int | None = None):
+    """The engine of ``provider`` over one bundle graph (see the table in this module's docstring).
+
+    ``pad_to``: GPU engines pad narrower passes to this many rows so that speculative and plain
+    decoding round alike (``cuda_engine``; default 32, 0 = off); the CPU engine needs no padding.
+    """
     if provider not in BACKENDS:
         raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(BACKENDS)}.")
     if provider == "cpu":
@@ -205,7 +209,8 @@ def open_engine(root: Path, graph: GraphSpec, *, provider: str = "cpu", threads:
     if provider == "trt":
         from specdec_edge.runtime.trt import TrtEngine
 
-        return TrtEngine.from_bundle(root, role, graph)
+        return TrtEngine.from_bundle(root, role, graph, pad_to)
     from specdec_edge.runtime.cuda_engine import DeviceEngine
 
-    return DeviceEngine.from_bundle(root, role, graph, provider=provider, threads=threads, share_process=share_process)
+    return DeviceEngine.from_bundle(root, role, graph, provider=provider, threads=threads, share_process=share_process,
+                                    pad_to=pad_to)

@@ -28,7 +28,7 @@ import numpy as np
 
 from specdec_edge.bundle import MANIFEST, GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
-from specdec_edge.runtime.base import CacheLength
+from specdec_edge.runtime.base import PAD_TO, CacheLength, pad_step
 from specdec_edge.runtime.ort_engine import StepOutput
 
 REBUILD = "rebuild with `specdec-edge build-engines BUNDLE` on this device"
@@ -175,7 +175,7 @@ class TrtEngine(CacheLength):
     step is one strided ``cudaMemcpy2DAsync`` per moved slot covering every layer, K and V.
     """
 
-    def __init__(self, plan_path: Path, graph: GraphSpec, sidecar: dict):
+    def __init__(self, plan_path: Path, graph: GraphSpec, sidecar: dict, pad_to: int | None = None):
         trt, self._cudart = import_tensorrt(), import_cudart()
         cudart = self._cudart
         self.graph = graph
@@ -189,6 +189,7 @@ class TrtEngine(CacheLength):
         spec = graph.cache
         self.capacity, self.length = spec.capacity, 0
         self._max_seq = int(sidecar["profile"]["input_ids"][2][1])
+        self.pad_to = min(PAD_TO if pad_to is None else pad_to, self._max_seq)
         item = 2 if spec.dtype == "float16" else 4
         self._row = spec.head_dim * item  # bytes of one slot of one head
         self._buffer_bytes = spec.num_kv_heads * spec.capacity * self._row
@@ -213,9 +214,9 @@ class TrtEngine(CacheLength):
         self._current = 0
 
     @classmethod
-    def from_bundle(cls, root: Path, role: str, graph: GraphSpec) -> "TrtEngine":
+    def from_bundle(cls, root: Path, role: str, graph: GraphSpec, pad_to: int | None = None) -> "TrtEngine":
         entry = find_prebuilt(root, role, "tensorrt", graph, required=True)
-        return cls(Path(root) / entry["file"], graph, entry["sidecar_data"])
+        return cls(Path(root) / entry["file"], graph, entry["sidecar_data"], pad_to)
 
     def _malloc(self, size: int) -> int:
         ptr = cuda_check(self._cudart, self._cudart.cudaMalloc(size))
@@ -241,7 +242,9 @@ class TrtEngine(CacheLength):
         if seq > self._max_seq:
             raise SpecdecError(f"this step has {seq} new tokens; the engine takes at most {self._max_seq} per pass: "
                                "rebuild the engine with a larger --max-verify.")
-        self._keep[0] = keep
+        if seq < self.pad_to <= self.capacity - self.length:  # one shape for every pass: see cuda_engine
+            step = pad_step(step, self.pad_to, self.length)
+        self._keep[0] = step.keep
         self._upload("input_ids", step.ids)
         self._upload("position_ids", step.positions)
         self._upload("attention_bias", step.bias)
@@ -262,12 +265,12 @@ class TrtEngine(CacheLength):
         if not self._context.execute_async_v3(int(self._stream)):
             raise SpecdecError("TensorRT execution failed (see the TensorRT log above); " + REBUILD + ".")
         self._current = dst
-        logits = self._download("logits", (keep, self.vocab_size))
+        logits = self._download("logits", (step.keep, self.vocab_size))
         hidden = None
         if self.graph.has_hidden_states:
-            hidden = self._download("hidden_states", (seq, self.graph.hidden_size))
+            hidden = self._download("hidden_states", (step.ids.shape[1], self.graph.hidden_size))
         cuda_check(self._cudart, self._cudart.cudaStreamSynchronize(self._stream))
-        return StepOutput(logits, hidden)
+        return StepOutput(logits[:keep], None if hidden is None else hidden[:seq])
 
     def _download(self, name: str, shape: tuple) -> np.ndarray:
         out = np.empty(shape, dtype=np.float32)
