@@ -30,7 +30,7 @@ from tqdm import tqdm
 from specdec_edge import __version__
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.pipeline import METHODS
+from specdec_edge.pipeline import LOSSY_METHODS, METHODS
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
 OVERALL = "overall"
@@ -118,13 +118,18 @@ def check_methods(methods: list[str]) -> list[str]:
 
 
 def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: int = 4, max_new_tokens: int = 128,
-              meta: dict | None = None, progress: bool = True, options: dict | None = None) -> dict:
+              meta: dict | None = None, progress: bool = True, options: dict | None = None,
+              temperature: float = 0.0, seed: int = 0) -> dict:
     """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
 
     Methods the pipeline cannot run (e.g. "draft" without a draft model) are listed under
     ``skipped_methods`` with the reason, prompts too long for the KV cache under ``skipped_prompts``.
     ``options`` maps a method to its proposer options (e.g. ``{"lookahead": {"window": 5}}``).
+    ``temperature`` > 0 samples (every call with ``seed``): outputs are then not comparable token
+    by token, so ``identical_output_rate`` is None; speeds and acceptance still are. Methods in
+    ``LOSSY_METHODS`` are listed under ``meta["lossy_methods"]`` and marked "(lossy)" in the table.
     """
+    gen = {"temperature": temperature, "seed": seed}
     pipes, skipped = {}, {}
     for m in check_methods(methods):
         try:
@@ -138,7 +143,7 @@ def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: in
     bar = tqdm(total=len(prompts) * len(pipes), desc="bench", unit="gen", file=sys.stderr, disable=not progress)
     for i, prompt in enumerate(prompts):
         try:
-            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens)
+            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens, gen)
         except SpecdecError as e:
             skipped_prompts.append({"question_id": prompt.question_id, "category": prompt.category, "reason": str(e)})
             bar.update(len(pipes))
@@ -150,9 +155,10 @@ def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: in
                 continue
             run = Run([])
             for messages in inputs:
-                run.add(*_timed(pipe, messages, max_new_tokens))
+                run.add(*_timed(pipe, messages, max_new_tokens, gen))
             runs[m][i] = run
-            divergences += _divergences(m, prompt, plain, run)
+            if temperature == 0:
+                divergences += _divergences(m, prompt, plain, run)
             bar.update()
     bar.close()
     if not runs["plain"]:
@@ -162,9 +168,10 @@ def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: in
     groups = {c: [i for i, p in enumerate(prompts) if p.category == c and i in runs["plain"]] for c in cats}
     groups = {c: ids for c, ids in groups.items() if ids}
     groups[OVERALL] = sorted(runs["plain"])
-    results = {m: {c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids])
+    results = {m: {c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids], temperature == 0)
                    for c, ids in groups.items()} for m in pipes}
-    info = {"methods": list(pipes), "k": k, "max_new_tokens": max_new_tokens, "temperature": 0.0,
+    info = {"methods": list(pipes), "k": k, "max_new_tokens": max_new_tokens, "temperature": temperature,
+            "seed": seed, "lossy_methods": [m for m in pipes if m in LOSSY_METHODS],
             "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": versions(),
             **(meta or {})}
@@ -178,13 +185,13 @@ def _warm_up(pipes: dict) -> None:
         pipe.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=8)
 
 
-def _timed(pipe, messages: list[dict], max_new_tokens: int):
+def _timed(pipe, messages: list[dict], max_new_tokens: int, gen: dict | None = None):
     start = time.perf_counter()
-    result = pipe.generate(messages, max_new_tokens=max_new_tokens)
+    result = pipe.generate(messages, max_new_tokens=max_new_tokens, **(gen or {}))
     return result, time.perf_counter() - start
 
 
-def _run_plain(pipe, prompt: BenchPrompt, max_new_tokens: int) -> tuple[Run, list[list[dict]]]:
+def _run_plain(pipe, prompt: BenchPrompt, max_new_tokens: int, gen: dict | None = None) -> tuple[Run, list[list[dict]]]:
     """Plain on every turn; also the message lists every method gets (turn 2 carries plain's answer)."""
     run, inputs, history = Run([]), [], []
     for turn in prompt.turns:
@@ -192,7 +199,7 @@ def _run_plain(pipe, prompt: BenchPrompt, max_new_tokens: int) -> tuple[Run, lis
         # Untimed: ONNX Runtime plans each new input shape on first sight (the prefill chunks of
         # this prompt); without this the first method run on a prompt, plain, would pay for it.
         pipe.generate(messages, max_new_tokens=1)
-        result, wall_s = _timed(pipe, messages, max_new_tokens)
+        result, wall_s = _timed(pipe, messages, max_new_tokens, gen)
         run.add(result, wall_s)
         inputs.append(messages)
         history = [*messages, {"role": "assistant", "content": result.text}]
@@ -211,8 +218,9 @@ def _divergences(method: str, prompt: BenchPrompt, plain: Run, run: Run) -> list
     return out
 
 
-def _aggregate(runs: list[Run], plain: list[Run]) -> dict:
-    """One (method, category) row over ``runs``; rates are totals over totals, not means of ratios."""
+def _aggregate(runs: list[Run], plain: list[Run], comparable: bool = True) -> dict:
+    """One (method, category) row over ``runs``; rates are totals over totals, not means of ratios.
+    ``comparable``: greedy runs, whose tokens must equal plain's (sampled runs are not compared)."""
     tokens = sum(r.new_tokens for r in runs)
     wall = sum(r.wall_s for r in runs)
     prefill = sum(r.prefill_s for r in runs)
@@ -228,7 +236,8 @@ def _aggregate(runs: list[Run], plain: list[Run]) -> dict:
         "speedup_vs_plain": tps / plain_tps if plain_tps > 0 else None,
         "mean_accepted_tokens": tokens / steps if steps else 0.0,
         "acceptance_rate": sum(r.accepted for r in runs) / proposed if proposed else None,
-        "identical_output_rate": sum(r.turn_ids == p.turn_ids for r, p in zip(runs, plain)) / len(runs),
+        "identical_output_rate": (sum(r.turn_ids == p.turn_ids for r, p in zip(runs, plain)) / len(runs)
+                                  if comparable else None),
         "near_ties": sum(r.near_ties for r in runs),
         "min_logit_gap": min((r.min_logit_gap for r in runs if r.min_logit_gap is not None), default=None),
     }
@@ -265,8 +274,11 @@ def _fmt(x, spec: str) -> str:
 def to_markdown(report: dict) -> str:
     """The report as a Markdown table (one row per category and method), then skips and divergences."""
     meta = report["meta"]
+    temperature = meta.get("temperature", 0.0)
+    mode = "greedy" if not temperature else f"sampling at temperature {temperature} (outputs not compared)"
+    lossy = set(meta.get("lossy_methods", ()))
     lines = [f"Bench of {model_name(meta)} ({meta.get('dtype', '?')}), "
-             f"greedy, k={meta['k']}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
+             f"{mode}, k={meta['k']}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
              f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.", "",
              "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
              "| identical | near-ties |",
@@ -275,10 +287,14 @@ def to_markdown(report: dict) -> str:
     for c in categories:
         for m, rows in report["results"].items():
             r = rows[c]
-            lines.append(f"| {c} | {m} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+            label = f"{m} (lossy)" if m in lossy else m
+            lines.append(f"| {c} | {label} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
                          f"{r['prefill_s']:.3f} | {_fmt(r['speedup_vs_plain'], '.2f')}x | "
                          f"{r['mean_accepted_tokens']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | "
-                         f"{r['identical_output_rate']:.0%} | {r['near_ties']} |")
+                         f"{_fmt(r['identical_output_rate'], '.0%')} | {r['near_ties']} |")
+    if lossy:
+        lines.append(f"\n(lossy): {', '.join(sorted(lossy))} trade exactness for acceptance when sampling: the "
+                     "output no longer follows the target's distribution (greedy stays exact).")
     for m, reason in report["skipped_methods"].items():
         lines.append(f"\nSkipped method {m}: {reason}")
     for p in report["skipped_prompts"]:

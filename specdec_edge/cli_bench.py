@@ -24,19 +24,24 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
               help="Speculation length: draft tokens verified per target pass.")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads per model.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0: greedy, outputs compared with plain's. Above 0: sampled with --seed, outputs not compared "
+                   "(speed and acceptance only), e.g. to measure medusa-typical.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed of every call (--temperature > 0).")
 @click.option("-o", "--option", "options", multiple=True, metavar="METHOD.KEY=VALUE",
               help="Method option, repeatable: pld.max_ngram=4, lookahead.window=5, lookahead.guesses=2 ...")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
 @click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG bar chart of speedups (needs matplotlib).")
-def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tokens, k, threads, options, json_out,
-          md_out, plot_out):
+def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tokens, k, threads, temperature, seed,
+          options, json_out, md_out, plot_out):
     """Benchmark methods against plain greedy decoding on the same engines, per category.
 
     Prompts run one by one, plain then each method, so load affects all alike. Every
     method's greedy output must equal plain's; where it does not, the prompt and the first
-    differing token are listed (never silent). Prints the Markdown table.
+    differing token are listed (never silent). Prints the Markdown table. Lossy methods
+    (medusa-typical) are marked "(lossy)".
 
     \b
     Examples:
@@ -44,6 +49,7 @@ def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tok
       specdec-edge bench bundles/pair --categories rag,summarization --n-per-category 5 --plot speedup.png
       specdec-edge bench bundles/smollm2 --prompts my_prompts.jsonl --max-new-tokens 64 -k 8
       specdec-edge bench bundles/smollm2 --methods plain,lookahead -o lookahead.window=3 -o lookahead.guesses=2
+      specdec-edge bench bundles/heads --methods plain,medusa,medusa-typical --temperature 0.7
     """
     from specdec_edge.bench import (bundle_metadata, check_methods, load_prompts, plot_speedups, require_matplotlib,
                                     run_bench, to_markdown)
@@ -60,7 +66,8 @@ def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tok
             "prompts_file": prompts_file or "packaged Spec-Bench"}
     pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads)
     meta["options"] = method_options
-    report = run_bench(pipe, wanted, prompts, k=k, max_new_tokens=max_new_tokens, meta=meta, options=method_options)
+    report = run_bench(pipe, wanted, prompts, k=k, max_new_tokens=max_new_tokens, meta=meta, options=method_options,
+                       temperature=temperature, seed=seed)
     for m, reason in report["skipped_methods"].items():
         click.echo(f"Skipped method {m}: {reason}", err=True)
     for d in report["divergences"]:

@@ -15,12 +15,14 @@ def generation_options(f):
     """The options shared by `chat` and `generate`."""
     options = [
         click.argument("bundle", type=click.Path()),
-        click.option("--method", type=click.Choice(["draft", "pld", "lookahead", "eagle", "medusa", "plain"]),
+        click.option("--method", type=click.Choice(["draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical",
+                                                   "plain"]),
                      default=None,
                      help="draft: the bundle's draft model proposes (default when it has one); "
                           "pld: prompt lookup, proposes continuations of n-grams seen earlier; lookahead: Jacobi guesses "
                           "+ n-gram pool, verified as a tree; eagle/medusa: trained heads of the bundle (train-draft) "
-                          "propose a token tree; plain: the target alone."),
+                          "propose a token tree; medusa-typical: medusa with typical acceptance, LOSSY when sampling "
+                          "(-o epsilon=0.09 -o delta=0.3); plain: the target alone."),
         click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
                      help="Speculation length: draft tokens verified per target pass."),
         click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,

@@ -28,7 +28,10 @@ from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.tokenizer import Tokenizer
 
-METHODS = ("plain", "draft", "pld", "lookahead", "eagle", "medusa")
+METHODS = ("plain", "draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical")
+# Methods whose output, when sampling, does not follow the target's distribution (greedy stays exact).
+LOSSY_METHODS = ("medusa-typical",)
+TYPICAL_OPTIONS = ("epsilon", "delta")  # medusa-typical's acceptance options (the rest go to the proposer)
 
 
 @dataclass
@@ -107,12 +110,14 @@ def make_proposer(method: str, draft: OrtEngine | None, options: dict, target: O
         return PromptLookupProposer(**options)
     if method == "lookahead":
         return LookaheadProposer(**options)
-    if method in ("eagle", "medusa"):
-        if method not in (heads or {}):
-            raise SpecdecError(f"this bundle has no {method} heads; train them with `specdec-edge train-draft "
-                               f"--method {method}` and export with --heads, or use method 'pld'.")
-        proposer = EagleProposer if method == "eagle" else MedusaProposer
-        return proposer(heads[method], FeatureTap(target), **options)
+    if method in ("eagle", "medusa", "medusa-typical"):
+        kind = method.split("-")[0]
+        if kind not in (heads or {}):
+            raise SpecdecError(f"this bundle has no {kind} heads; train them with `specdec-edge train-draft "
+                               f"--method {kind}` and export with --heads, or use method 'pld'.")
+        proposer = EagleProposer if kind == "eagle" else MedusaProposer
+        return proposer(heads[kind], FeatureTap(target), **{k: v for k, v in options.items()
+                                                            if k not in TYPICAL_OPTIONS})
     raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
 
 
@@ -143,6 +148,9 @@ class Pipeline:
         self.k = k
         self.options = dict(options or {})
         self.heads = heads or {}
+        self.typical = None
+        if method in LOSSY_METHODS:
+            self.typical = {k: float(self.options[k]) for k in TYPICAL_OPTIONS if k in self.options}
         try:
             self.proposer = make_proposer(method, draft, self.options, target, self.heads)
         except TypeError as e:
@@ -157,10 +165,13 @@ class Pipeline:
         """Load ``bundle``.
 
         ``method``: "draft" (default when the bundle has a draft model), "pld" (prompt
-        lookup), "lookahead", or "plain". ``k`` is the speculation length (the deepest
-        proposal); ``options`` go to the method's proposer (pld: ``max_ngram``,
-        ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``; eagle: ``topk``, ``nodes``;
-        medusa: ``tree``). A bundle with trained heads defaults to its best measured head method.
+        lookup), "lookahead", "eagle", "medusa", "medusa-typical" or "plain". ``k`` is the
+        speculation length (the deepest proposal); ``options`` go to the method's proposer (pld:
+        ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``; eagle:
+        ``topk``, ``nodes``; medusa: ``tree``). A bundle with trained heads defaults to its best
+        measured head method. "medusa-typical" is Medusa with typical acceptance (options
+        ``epsilon``, ``delta``): LOSSY when sampling -- more accepted tokens, but the output no
+        longer follows the target's distribution; greedy stays exact.
         ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or
         "trt" (TensorRT engines from `specdec-edge build-engines`); see ``runtime/providers.py``.
         ``allow_inexact``: permit speculation on int8/int4 bundles, whose batched verification
@@ -240,7 +251,7 @@ class Pipeline:
             target = getattr(self.proposer, "tap", self.target)  # head methods read the target's features
             steps = decode(target, self.proposer, prompt_ids, max_new_tokens=max_new_tokens, params=params,
                            k=0 if self.method == "plain" else self.k, eos_ids=self.tokenizer.eos_token_ids,
-                           rng=make_rng(params.seed), stats=result.stats, cancel=cancel)
+                           rng=make_rng(params.seed), stats=result.stats, cancel=cancel, typical=self.typical)
             try:
                 for chunk in steps:
                     text, stopped = "", False

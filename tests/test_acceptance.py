@@ -11,8 +11,12 @@ import pytest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import make_rng, sample
 from specdec_edge.speculative.acceptance import (
+    TYPICAL_DELTA,
+    TYPICAL_EPSILON,
     accept_greedy,
     accept_sampling,
+    accept_tree_sampling,
+    accept_tree_typical,
     accepted_distribution,
     residual_distribution,
 )
@@ -211,3 +215,43 @@ def test_shape_errors_are_clear():
         accept_greedy(np.array([1, 2]), np.zeros((2, V)))
     with pytest.raises(SpecdecError, match="draft_probs"):
         accept_sampling(np.array([1]), np.zeros((2, V)), np.zeros((2, V)), make_rng(0))
+
+
+# ---- Medusa's typical acceptance (lossy by design)
+def typical_probs() -> np.ndarray:
+    """Row 0 (after the pending token) is confident in token 0 but gives token 1 0.15; row 2 is flat."""
+    p = np.full((4, 6), 0.01)
+    p[0] = [0.80, 0.15, 0.02, 0.01, 0.01, 0.01]
+    p[1] = [0.05, 0.05, 0.85, 0.03, 0.01, 0.01]
+    p[2] = [0.20, 0.20, 0.20, 0.20, 0.10, 0.10]
+    p[3] = [0.01, 0.01, 0.01, 0.95, 0.01, 0.01]
+    return p
+
+
+def test_typical_threshold_follows_entropy():
+    p = typical_probs()
+    entropy = -(p * np.log(p)).sum(axis=-1)
+    threshold = np.minimum(TYPICAL_EPSILON, TYPICAL_DELTA * np.exp(-entropy))
+    # tree: node 0 = token 1 under the root (p 0.15 > threshold of the confident row 0),
+    # node 1 = token 4 under node 0 (row 1 gives it 0.01: implausible),
+    # node 2 = token 2 under the root (0.02: implausible), node 3 = token 5 under node 0 (0.01)
+    assert p[0, 1] > threshold[0] and p[1, 4] < threshold[1] and p[0, 2] < threshold[0]
+    path, _ = accept_tree_typical(np.array([1, 4, 2, 5]), np.array([-1, 0, -1, 0]), p, make_rng(0))
+    assert path.tolist() == [0]
+    # a flat row accepts a token a confident row would not: token 4 at 0.10 after a chain 1 -> 2
+    path, token = accept_tree_typical(np.array([1, 2, 4]), np.array([-1, 0, 1]), p, make_rng(0))
+    assert path.tolist() == [0, 1, 2] and token == 3  # the bonus row 3 is near one-hot on token 3
+    path, _ = accept_tree_typical(np.array([2]), np.array([-1]), p, make_rng(0))
+    assert path.tolist() == []
+
+
+def test_typical_acceptance_is_lossy():
+    """A draft that always proposes the target's second choice is always accepted: the first token is
+    then token 1 every time, though the target gives it 0.15. Exact rejection keeps p; typical does not."""
+    p = typical_probs()
+    firsts_typical = [accept_tree_typical(np.array([1]), np.array([-1]), p, make_rng(s))[0].tolist()
+                      for s in range(200)]
+    assert all(f == [0] for f in firsts_typical)
+    exact = [accept_tree_sampling(np.array([1]), np.array([-1]), p, make_rng(s)) for s in range(2000)]
+    share = np.mean([len(path) == 1 for path, _ in exact])
+    assert abs(share - 0.15) < 0.03

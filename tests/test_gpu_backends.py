@@ -355,8 +355,12 @@ def test_pad_step_masks_padding_both_ways():
     assert pad_step(step, 2, past=3) is step
 
 
-def test_cuda_refuses_an_fp32_ort_graph(tiny_bundle):
+def test_cuda_refuses_an_fp32_ort_graph(tiny_bundle, monkeypatch):
+    import onnxruntime as ort
+
     graph = read_manifest(tiny_bundle).target.graph
+    # The refusal comes before any session is made, so a CPU-only onnxruntime that claims CUDA shows it.
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(SpecdecError, match="--dtype fp16"):
         DeviceEngine(tiny_bundle / graph.path, graph, provider="cuda")
 

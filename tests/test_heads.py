@@ -135,6 +135,32 @@ def test_heads_greedy_equals_plain(plain, method, k, options):
     assert_greedy_equals_plain(plain, plain.with_method(method, k=k, **options))
 
 
+def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
+    from specdec_edge.bench import BenchPrompt, run_bench, to_markdown
+
+    typical = plain.with_method("medusa-typical", k=4, epsilon=0.2, delta=0.5)
+    assert typical.typical == {"epsilon": 0.2, "delta": 0.5}
+    assert_greedy_equals_plain(plain, typical)  # typical acceptance applies when sampling only (as in Medusa)
+    prompts = [BenchPrompt(1, "chat", ["the quick brown fox"])]
+    report = run_bench(plain, ["plain", "medusa", "medusa-typical"], prompts, max_new_tokens=12, progress=False,
+                       temperature=0.8, seed=1)
+    assert report["meta"]["lossy_methods"] == ["medusa-typical"] and report["meta"]["temperature"] == 0.8
+    assert report["results"]["medusa-typical"]["overall"]["identical_output_rate"] is None  # sampled: not compared
+    table = to_markdown(report)
+    assert "| medusa-typical (lossy) |" in table and "| medusa |" in table and "sampling at temperature 0.8" in table
+
+
+def test_medusa_typical_accepts_more_than_exact_rejection_when_sampling(plain):
+    """On the same seeds, typical acceptance takes more draft tokens than exact recursive rejection."""
+    exact, typical = plain.with_method("medusa", k=4), plain.with_method("medusa-typical", k=4)
+    accepted = {"exact": 0, "typical": 0}
+    for seed in range(6):
+        for name, pipe in (("exact", exact), ("typical", typical)):
+            accepted[name] += pipe.generate("the quick brown fox", max_new_tokens=24, temperature=0.7,
+                                            seed=seed).stats.accepted
+    assert accepted["typical"] > accepted["exact"], accepted
+
+
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
 def test_heads_sampling_is_seeded(plain, method):
     pipe = plain.with_method(method, k=4)

@@ -47,7 +47,7 @@ from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import PAD_TO, CacheLength, pad_step
 from specdec_edge.runtime.ort_engine import StepOutput, session_options
-from specdec_edge.runtime.providers import create_session, tensorrt_ep_options
+from specdec_edge.runtime.providers import create_session, require_provider, tensorrt_ep_options
 
 ONNX_FLOAT, ONNX_INT64, ONNX_FLOAT16 = 1, 7, 10
 
@@ -109,6 +109,7 @@ class DeviceEngine(CacheLength):
                  ping_pong: bool | None = None, pad_to: int | None = None):
         self.graph = graph
         self.device = device  # device 0 of its kind
+        require_provider(provider)  # a missing onnxruntime-gpu is the first thing to fix
         if provider == "cuda":
             if graph.flavour == "ort" and graph.dtype == "fp32":
                 raise SpecdecError(

@@ -105,18 +105,23 @@ def accept_tree_greedy(tokens: np.ndarray, parents: np.ndarray, logits: np.ndarr
     """
     parents = np.asarray(parents, dtype=np.int64)
     best = logits.argmax(axis=-1)
-    right = tokens == best[parents + 1]
-    depth = np.zeros(len(tokens), dtype=np.int64)  # accepted depth of each node's branch, 0 = not accepted
-    for i, p in enumerate(parents):
-        if right[i] and (p < 0 or depth[p] > 0):
-            depth[i] = 1 if p < 0 else depth[p] + 1
+    path = deepest_branch(parents, tokens == best[parents + 1])
+    return path, int(best[path[-1] + 1 if len(path) else 0])
+
+
+def deepest_branch(parents: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """The deepest node whose branch (it and all its ancestors) is ``ok``, as its path root first
+    (the first such node on equal depth; empty when no root child is ok). Nodes come parents first."""
+    depth = np.zeros(len(parents), dtype=np.int64)  # accepted depth of each node's branch, 0 = not accepted
+    for i, parent in enumerate(parents):
+        if ok[i] and (parent < 0 or depth[parent] > 0):
+            depth[i] = 1 if parent < 0 else depth[parent] + 1
     if not depth.any():
-        return np.zeros(0, dtype=np.int64), int(best[0])
-    node = int(depth.argmax())
-    path = [node]
+        return np.zeros(0, dtype=np.int64)
+    path = [int(depth.argmax())]
     while parents[path[-1]] >= 0:
         path.append(int(parents[path[-1]]))
-    return np.array(path[::-1], dtype=np.int64), int(best[node + 1])
+    return np.array(path[::-1], dtype=np.int64)
 
 
 def accept_tree_sampling(tokens: np.ndarray, parents: np.ndarray, target_probs: np.ndarray,
@@ -143,3 +148,28 @@ def accept_tree_sampling(tokens: np.ndarray, parents: np.ndarray, target_probs: 
             total = p.sum()
             p = p / total if total > 0 else target_probs[node + 1]
             return np.array(path, dtype=np.int64), sample(p, rng)
+
+
+# Medusa's typical acceptance (Cai et al., 2024, section 2.3.1): the paper's defaults.
+TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3
+
+
+def accept_tree_typical(tokens: np.ndarray, parents: np.ndarray, target_probs: np.ndarray,
+                        rng: np.random.Generator, epsilon: float = TYPICAL_EPSILON,
+                        delta: float = TYPICAL_DELTA) -> tuple[np.ndarray, int]:
+    """Typical acceptance over a token tree. LOSSY: the output does not follow the target's distribution.
+
+    A node is plausible when the target gives its token, after its parent, a probability above
+    ``min(epsilon, delta * exp(-H))``, H being the entropy of that distribution: confident
+    rows demand a likely token, flat rows accept more. The deepest node whose whole branch is
+    plausible is accepted (the first of equal depth), and the next token is sampled from the
+    target after it. It accepts more than exact rejection sampling and so drifts from the
+    target's distribution; ``medusa-typical`` is the only method that uses it.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    p = np.asarray(target_probs, dtype=np.float64)
+    entropy = -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=-1)
+    threshold = np.minimum(epsilon, delta * np.exp(-entropy))
+    rows = parents + 1
+    path = deepest_branch(parents, p[rows, tokens] > threshold[rows])
+    return path, sample(p[path[-1] + 1 if len(path) else 0], rng)

@@ -25,7 +25,7 @@ import numpy as np
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.acceptance import (accept_greedy, accept_sampling, accept_tree_greedy,
-                                                 accept_tree_sampling)
+                                                 accept_tree_sampling, accept_tree_typical)
 from specdec_edge.speculative.proposal import EMPTY, Proposal
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import tree_inputs
@@ -64,8 +64,12 @@ def decode(
     rng: np.random.Generator | None = None,
     stats: Stats | None = None,
     cancel: threading.Event | None = None,
+    typical: dict | None = None,
 ) -> Iterator[Chunk]:
     """Generate up to ``max_new_tokens`` after ``prompt``, yielding the tokens of each step.
+
+    ``typical``: use Medusa's typical acceptance with these ``epsilon``/``delta`` when sampling
+    (lossy: see ``acceptance.accept_tree_typical``); None (default) keeps the exact rules.
 
     Stops after an eos token (emitted, and nothing after it), at ``max_new_tokens`` (a
     proposal is cut to what is left), or when ``cancel`` is set; closing the generator
@@ -97,7 +101,7 @@ def decode(
         t1 = time.perf_counter()
         logits, hidden = verify(target, context[-1], proposal)
         t2 = time.perf_counter()
-        path, token = accept(proposal, logits, params, rng)  # path: accepted nodes, indices into the proposal
+        path, token = accept(proposal, logits, params, rng, typical)  # path: accepted nodes, indices into the proposal
         n = len(path)
         proposer.observe(proposal, logits, hidden)
         emitted = [*map(int, proposal.tokens[path]), token]
@@ -151,14 +155,18 @@ def verify(target, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.nda
 
 
 def accept(proposal: Proposal, logits: np.ndarray, params: SamplingParams,
-           rng: np.random.Generator) -> tuple[np.ndarray, int]:
+           rng: np.random.Generator, typical: dict | None = None) -> tuple[np.ndarray, int]:
     """``(path, next_token)``: the accepted proposal nodes (indices, root first) and the target's token after them.
 
     Chains: greedy prefix match, or exact rejection sampling on ``params``' probabilities.
     Trees: the deepest node whose whole branch matches the target's greedy choices, or
     recursive rejection sampling over each node's (deterministic) children.
+    ``typical`` (sampling only; greedy stays exact, as in Medusa): lossy typical acceptance.
     """
     tokens = np.asarray(proposal.tokens, dtype=np.int64)
+    if typical is not None and not params.greedy:
+        parents = proposal.parents if proposal.parents is not None else np.arange(len(tokens)) - 1
+        return accept_tree_typical(tokens, parents, probs_from_logits(logits, params), rng, **typical)
     if proposal.parents is not None:
         if params.greedy:
             return accept_tree_greedy(tokens, proposal.parents, logits)
