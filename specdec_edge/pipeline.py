@@ -116,8 +116,8 @@ def make_proposer(method: str, draft: OrtEngine | None, options: dict, target: O
             raise SpecdecError(f"this bundle has no {kind} heads; train them with `specdec-edge train-draft "
                                f"--method {kind}` and export with --heads, or use method 'pld'.")
         proposer = EagleProposer if kind == "eagle" else MedusaProposer
-        return proposer(heads[kind], FeatureTap(target), **{k: v for k, v in options.items()
-                                                            if k not in TYPICAL_OPTIONS})
+        options = {**heads[kind].defaults, **{k: v for k, v in options.items() if k not in TYPICAL_OPTIONS}}
+        return proposer(heads[kind], FeatureTap(target), **options)
     raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
 
 
@@ -168,8 +168,8 @@ class Pipeline:
         lookup), "lookahead", "eagle", "medusa", "medusa-typical" or "plain". ``k`` is the
         speculation length (the deepest proposal); ``options`` go to the method's proposer (pld:
         ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``; eagle:
-        ``topk``, ``nodes``; medusa: ``tree``). A bundle with trained heads defaults to its best
-        measured head method. "medusa-typical" is Medusa with typical acceptance (options
+        ``topk``, ``nodes``, ``depth``; medusa: ``tree``; defaults: the tree settings the bundle's
+        manifest records). A bundle with trained heads defaults to its best measured head method. "medusa-typical" is Medusa with typical acceptance (options
         ``epsilon``, ``delta``): LOSSY when sampling -- more accepted tokens, but the output no
         longer follows the target's distribution; greedy stays exact.
         ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or

@@ -16,8 +16,9 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
+from specdec_edge.export.heads import TREE_SETTINGS
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
-from specdec_edge.speculative.heads import FeatureTap, MedusaProposer
+from specdec_edge.speculative.heads import MEDUSA_TREE, FeatureTap, MedusaProposer
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import path_to, tree_inputs
@@ -111,6 +112,15 @@ def test_manifest_records_heads(heads_bundle):
         assert s["validation"]["topk_ids_agreement"] == 1.0
         assert s["training"]["prompts"] == 8 and s["config"]["draft_vocab"] == 200
         assert (heads_bundle / s["graph"]).is_file()
+        assert s["tree"] == TREE_SETTINGS[method]
+
+
+def test_pipeline_uses_the_recorded_tree_settings_unless_told_otherwise(plain):
+    eagle = plain.with_method("eagle").proposer
+    assert (eagle.topk, eagle.nodes, eagle.depth) == tuple(TREE_SETTINGS["eagle"][k] for k in ("topk", "nodes", "depth"))
+    assert plain.with_method("eagle", nodes=9).proposer.nodes == 9
+    medusa = plain.with_method("medusa").proposer
+    assert medusa.paths == [tuple(p) for p in TREE_SETTINGS["medusa"]["tree"]]
 
 
 def test_add_heads_writes_a_new_bundle(tmp_path, trained):
@@ -176,7 +186,9 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
     prefill(plain.target, ids[:-1])
     p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
-    pipe = plain.with_method(method, k=4)
+    # Wide trees (the shipped defaults are small, tuned for speed): enough acceptances to test the rule.
+    wide = {"eagle": {"topk": 6, "nodes": 16}, "medusa": {"tree": [q for q in MEDUSA_TREE if len(q) <= 3]}}
+    pipe = plain.with_method(method, k=4, **wide[method])
     firsts, accepted = [], 0
     for seed in range(1500):
         stats = Stats()

@@ -33,6 +33,14 @@ from specdec_edge.errors import ExportError
 
 METHODS = ("eagle", "medusa")
 TOP_K = 10  # candidates per row that a head graph returns
+# Tree settings a bundle records for each head method (manifest ``heads.<method>.tree``) and a
+# pipeline uses unless told otherwise: the fastest measured for SmolLM2-135M on 2 CPU cores
+# (docs/PERFORMANCE.md, "Trained heads"). On a CPU a verify pass costs more the wider it is, so
+# small trees win; a GPU, where width is nearly free, wants larger ones (-o nodes=..., -o tree=...).
+TREE_SETTINGS = {
+    "eagle": {"topk": 3, "nodes": 5, "depth": 3},
+    "medusa": {"tree": [[0], [1], [0, 0], [0, 0, 0]]},
+}
 TOLERANCE = 1e-3  # max |onnx - torch| of predicted features / log-probs, relative to their scale
 
 
@@ -296,6 +304,7 @@ def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path,
         report = export_head_graph(head, root / "heads" / f"{cfg.method}.onnx")
         config = {k: v for k, v in asdict(cfg).items() if k not in ("method", "training")}
         section[cfg.method] = {"graph": f"heads/{cfg.method}.onnx", "top_k": TOP_K, "config": config,
+                               "tree": TREE_SETTINGS[cfg.method],
                                "training": cfg.training, "validation": report}
     default = default or ("eagle" if "eagle" in section else "medusa")
     if default not in section:

@@ -78,6 +78,7 @@ class HeadGraph:
                                             providers=["CPUExecutionProvider"])
         self.config = section["config"]
         self.top_k = int(section["top_k"])
+        self.defaults = dict(section.get("tree", {}))  # tree settings the bundle was measured with
 
     def run(self, **inputs) -> list[np.ndarray]:
         return self.session.run(None, inputs)
@@ -117,10 +118,11 @@ class MedusaProposer(Proposer):
 class EagleProposer(Proposer):
     """EAGLE head with its own KV cache; EAGLE-2 style dynamic tree by draft confidence."""
 
-    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 6, nodes: int = 16):
-        if not 1 <= topk <= graph.top_k or nodes < 1:
-            raise SpecdecError(f"EAGLE needs 1 <= topk <= {graph.top_k} and nodes >= 1; got topk={topk}, nodes={nodes}.")
-        self.graph, self.tap, self.topk, self.nodes = graph, tap, topk, nodes
+    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 5, depth: int | None = None):
+        if not 1 <= topk <= graph.top_k or nodes < 1 or (depth is not None and depth < 1):
+            raise SpecdecError(f"EAGLE needs 1 <= topk <= {graph.top_k}, nodes >= 1 and depth >= 1; "
+                               f"got topk={topk}, nodes={nodes}, depth={depth}.")
+        self.graph, self.tap, self.topk, self.nodes, self.depth = graph, tap, topk, nodes, depth
         c = graph.config
         capacity = tap.capacity + 1 + 64 * topk  # committed slots + the scratch slots of one tree
         self.keys = np.zeros((1, capacity, c["num_kv_heads"], c["head_dim"]), dtype=np.float32)  # BSNH
@@ -163,7 +165,7 @@ class EagleProposer(Proposer):
 
         add_children(-1, 1, 0.0, hidden[-1], logp[0], top[0])
         slot = {}  # expanded node -> head slot
-        for depth in range(1, k):
+        for depth in range(1, min(k, self.depth or k)):
             level = [i for i in range(len(tokens)) if depths[i] == depth]
             chosen = sorted(level, key=lambda i: -scores[i])[: self.topk]
             past = self.length + len(slot)
