@@ -16,12 +16,13 @@ def generation_options(f):
     options = [
         click.argument("bundle", type=click.Path()),
         click.option("--method", type=click.Choice(["draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical",
-                                                   "plain"]),
+                                                   "pld-eagle", "plain"]),
                      default=None,
                      help="draft: the bundle's draft model proposes (default when it has one); "
                           "pld: prompt lookup, proposes continuations of n-grams seen earlier; lookahead: Jacobi guesses "
                           "+ n-gram pool, verified as a tree; eagle/medusa: trained heads of the bundle (train-draft) "
-                          "propose a token tree; medusa-typical: medusa with typical acceptance, LOSSY when sampling "
+                          "propose a token tree; pld-eagle: prompt lookup where a 2+ token n-gram repeats, else eagle; "
+                          "medusa-typical: medusa with typical acceptance, LOSSY when sampling "
                           "(-o epsilon=0.09 -o delta=0.3); plain: the target alone."),
         click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
                      help="Speculation length: draft tokens verified per target pass."),

@@ -24,11 +24,12 @@ from specdec_edge.speculative.heads import EagleProposer, FeatureTap, MedusaProp
 from specdec_edge.speculative.loop import decode
 from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer
-from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
+from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer, FirstOfProposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.tokenizer import Tokenizer
 
-METHODS = ("plain", "draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical")
+METHODS = ("plain", "draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical", "pld-eagle")
+PLD_OPTIONS = ("max_ngram", "min_ngram")
 # Methods whose output, when sampling, does not follow the target's distribution (greedy stays exact).
 LOSSY_METHODS = ("medusa-typical",)
 TYPICAL_OPTIONS = ("epsilon", "delta")  # medusa-typical's acceptance options (the rest go to the proposer)
@@ -110,6 +111,10 @@ def make_proposer(method: str, draft: OrtEngine | None, options: dict, target: O
         return PromptLookupProposer(**options)
     if method == "lookahead":
         return LookaheadProposer(**options)
+    if method == "pld-eagle":  # prompt lookup when an n-gram of 2+ tokens repeats, else EAGLE
+        pld = PromptLookupProposer(**{"min_ngram": 2, **{k: v for k, v in options.items() if k in PLD_OPTIONS}})
+        eagle = make_proposer("eagle", draft, {k: v for k, v in options.items() if k not in PLD_OPTIONS}, target, heads)
+        return FirstOfProposer(pld, eagle)
     if method in ("eagle", "medusa", "medusa-typical"):
         kind = method.split("-")[0]
         if kind not in (heads or {}):

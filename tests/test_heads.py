@@ -140,6 +140,8 @@ def test_add_heads_writes_a_new_bundle(tmp_path, trained):
     ("eagle", 2, {"topk": 1, "nodes": 1}),
     ("medusa", 4, {}),
     ("medusa", 3, {"tree": [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]}),
+    ("pld-eagle", 4, {}),
+    ("pld-eagle", 3, {"min_ngram": 1, "topk": 2, "nodes": 4}),
 ])
 def test_heads_greedy_equals_plain(plain, method, k, options):
     assert_greedy_equals_plain(plain, plain.with_method(method, k=k, **options))
@@ -178,7 +180,7 @@ def test_heads_sampling_is_seeded(plain, method):
     assert a.token_ids == b.token_ids != c.token_ids
 
 
-@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "medusa", "pld-eagle"])
 def test_heads_sampling_keeps_the_target_distribution(plain, method):
     """First emitted token over many seeds vs the target's exact top-8 distribution (chi-square, df 7)."""
     params = SamplingParams(temperature=1.0, top_k=8)
@@ -187,7 +189,8 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
     p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
     # Wide trees (the shipped defaults are small, tuned for speed): enough acceptances to test the rule.
-    wide = {"eagle": {"topk": 6, "nodes": 16}, "medusa": {"tree": [q for q in MEDUSA_TREE if len(q) <= 3]}}
+    wide = {"eagle": {"topk": 6, "nodes": 16}, "medusa": {"tree": [q for q in MEDUSA_TREE if len(q) <= 3]},
+            "pld-eagle": {"topk": 6, "nodes": 16}}
     pipe = plain.with_method(method, k=4, **wide[method])
     firsts, accepted = [], 0
     for seed in range(1500):

@@ -72,3 +72,38 @@ class DraftModelProposer(Proposer):
         self.engine.rollback(n)
         del self.seen[n:]
         self.confirmed = n
+
+
+class FirstOfProposer(Proposer):
+    """``first``'s proposal when it has one, else ``second``'s (e.g. prompt lookup, else EAGLE).
+
+    Both see every step (prefill, observe, commit), so either can take over at any step; each
+    step is verified and accepted by the exact rules, whichever proposed it. ``tap`` is
+    ``second``'s, for proposers that read the target's features.
+    """
+
+    def __init__(self, first: Proposer, second: Proposer):
+        self.first, self.second = first, second
+        if hasattr(second, "tap"):
+            self.tap = second.tap
+        self.uses = {"first": 0, "second": 0}  # steps each proposed (for reports)
+
+    def prefill(self, prompt, params, rng) -> None:
+        self.first.prefill(prompt, params, rng)
+        self.second.prefill(prompt, params, rng)
+
+    def propose(self, context, k) -> Proposal:
+        proposal = self.first.propose(context, k)
+        if len(proposal.tokens):
+            self.uses["first"] += 1
+            return proposal
+        self.uses["second"] += 1
+        return self.second.propose(context, k)
+
+    def observe(self, proposal: Proposal, logits: np.ndarray, hidden: np.ndarray | None = None) -> None:
+        self.first.observe(proposal, logits, hidden)
+        self.second.observe(proposal, logits, hidden)
+
+    def commit(self, context) -> None:
+        self.first.commit(context)
+        self.second.commit(context)
