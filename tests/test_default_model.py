@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 from click.testing import CliRunner
 
+from specdec_edge.bundle import read_manifest
 from specdec_edge.cli import main
 from specdec_edge.default_model import default_bundle, default_gguf
 from specdec_edge.errors import SpecdecError
@@ -36,7 +37,10 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     assert "Exporting the default model" in first.output
     assert "output identical to plain: yes" in first.output
     assert "speedup" in first.output and "tok/s" in first.output
+    assert "--- pld-eagle (k=4), streamed ---" in first.output  # the shipped heads' default method
     manifest = default_bundle(export_if_missing=False) / "manifest.json"
+    heads = read_manifest(manifest.parent).heads
+    assert heads["default"] == "pld-eagle" and "eagle" in heads
     stamp = manifest.stat().st_mtime_ns
     second = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "lookahead"])
     assert second.exit_code == 0, second.output

@@ -104,7 +104,7 @@ def test_training_resumes_from_its_checkpoint(tmp_path, monkeypatch, trained, pr
 
 def test_manifest_records_heads(heads_bundle):
     heads = read_manifest(heads_bundle).heads
-    assert heads["default"] == "eagle"
+    assert heads["default"] == "pld-eagle"
     assert read_manifest(heads_bundle).target.graph.has_hidden_states
     for method in ("eagle", "medusa"):
         s = heads[method]
@@ -206,8 +206,12 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
     assert accepted > 100, f"the tree was accepted {accepted} times: the test would prove little"
 
 
-def test_default_method_of_a_heads_bundle(heads_bundle):
-    assert Pipeline.load(heads_bundle, threads=1).method == "eagle"
+def test_default_method_of_a_heads_bundle(heads_bundle, tmp_path, trained):
+    from specdec_edge.export.heads import add_heads
+
+    assert Pipeline.load(heads_bundle, threads=1).method == "pld-eagle"
+    with pytest.raises(SpecdecError, match="choose one of medusa"):
+        add_heads(trained / "target-bundle", [trained / "medusa"], tmp_path / "b", default="pld-eagle")
 
 
 def test_tree_pass_equals_sequential_branches_and_tap_follows_compaction(plain):

@@ -57,6 +57,7 @@ def export_bundle(
     capacity: int = 2048,
     hidden_states: bool = False,
     heads: tuple = (),
+    heads_default: str | None = None,
     force: bool = False,
     revision: str | None = None,
     progress: bool = True,
@@ -64,6 +65,7 @@ def export_bundle(
     """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path.
 
     ``heads``: trained heads folders (``train-draft``) to add as graphs; implies ``hidden_states``.
+    ``heads_default``: the method such a bundle runs by default (default: pld-eagle with EAGLE heads).
     """
     if dtype not in DTYPES:
         raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
@@ -118,7 +120,7 @@ def export_bundle(
             with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]
                 manifest["heads"] = export_heads(heads, embed, tgt.decoder.weights.get("lm_head.weight", embed),
-                                                 staging.path)
+                                                 staging.path, heads_default)
         with prog.stage("[bundle] write manifest"):
             path = staging.commit(manifest)
     return path

@@ -292,7 +292,8 @@ def export_head_graph(head: nn.Module, path: Path) -> dict:
 def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path, default: str | None = None) -> dict:
     """Build and validate a graph per heads folder under ``root/heads``; the manifest's ``heads`` section.
 
-    ``default``: the method a pipeline uses when none is asked for (default: eagle if present).
+    ``default``: the method a pipeline uses when none is asked for (default: pld-eagle when EAGLE
+    heads are given, the fastest measured on a CPU; docs/PERFORMANCE.md).
     """
     section = {}
     (root / "heads").mkdir(exist_ok=True)
@@ -306,9 +307,12 @@ def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path,
         section[cfg.method] = {"graph": f"heads/{cfg.method}.onnx", "top_k": TOP_K, "config": config,
                                "tree": TREE_SETTINGS[cfg.method],
                                "training": cfg.training, "validation": report}
-    default = default or ("eagle" if "eagle" in section else "medusa")
-    if default not in section:
-        raise ExportError(f"default head method {default!r} is not among the heads given ({', '.join(section)}).")
+    # Exact methods a bundle can default to: its heads, and prompt lookup backed by EAGLE.
+    choices = [*section, *(["pld-eagle"] if "eagle" in section else [])]
+    default = default or ("pld-eagle" if "eagle" in section else "medusa")
+    if default not in choices:
+        raise ExportError(f"default head method {default!r} needs heads that were not given; choose one of "
+                          f"{', '.join(choices)}.")
     section["default"] = default
     return section
 
