@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("bundle")
     ap.add_argument("--config", action="append", default=[])
     ap.add_argument("--n-per-category", type=int, default=1)
+    ap.add_argument("--categories", default=None, help="Comma-separated categories (default: all).")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -44,7 +45,8 @@ def main() -> None:
     configs = [parse_config(c) for c in args.config if c != "plain"]
     pipes = {"plain": base, **{name: base.with_method(m, k=k, **o) for name, m, k, o in configs}}
     totals = {name: {"tokens": 0, "decode": 0.0, "draft": 0.0, "verify": 0.0, "steps": 0, "same": 0} for name in pipes}
-    prompts = load_prompts(None, None, args.n_per_category)
+    categories = args.categories.split(",") if args.categories else None
+    prompts = load_prompts(None, categories, args.n_per_category)
     for pipe in pipes.values():  # warm-up
         pipe.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=8)
     for i, prompt in enumerate(prompts):
