@@ -288,4 +288,9 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
         "chat_template": manifest.tokenizer.chat_template is not None,
         "files": len(manifest.files),
         "total_bytes": sum(e["size"] for e in manifest.files.values()),
+        "heads": {m: {"draft_vocab": h.get("config", {}).get("draft_vocab"), "tree": h.get("tree", {}),
+                      "training_tokens": h.get("training", {}).get("tokens"),
+                      "max_rel_err": h.get("validation", {}).get("max_rel_err")}
+                  for m, h in (manifest.heads or {}).items() if m != "default"},
+        "default_method": (manifest.heads or {}).get("default"),
     }

@@ -144,6 +144,13 @@ def info(bundle, as_json):
                    + (", hidden states" if m["hidden_states"] else ""))
         click.echo(f"    validation vs PyTorch: max rel err {v.get('max_rel_err', float('nan')):.2e} "
                    f"(tolerance {v.get('tolerance')}), top-1 agreement {v.get('top1_agreement', 0):.0%}")
+    for method, h in summary["heads"].items():
+        tree = ", ".join(f"{k} {v}" for k, v in h["tree"].items()) or "proposer defaults"
+        tokens = f"{h['training_tokens']:,}" if isinstance(h["training_tokens"], int) else "?"
+        click.echo(f"  {method} heads: draft vocab {h['draft_vocab']}, tree: {tree}; trained on {tokens} tokens; "
+                   f"max rel err vs PyTorch {h['max_rel_err']:.1e}")
+    if summary["default_method"]:
+        click.echo(f"  default method: {summary['default_method']}")
     click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {'yes' if summary['chat_template'] else 'no'}")
     click.echo(f"  {summary['files']} files, {summary['total_bytes'] / 1e6:.1f} MB")
 

@@ -123,6 +123,17 @@ def test_pipeline_uses_the_recorded_tree_settings_unless_told_otherwise(plain):
     assert medusa.paths == [tuple(p) for p in TREE_SETTINGS["medusa"]["tree"]]
 
 
+def test_info_shows_heads_and_default_method(heads_bundle):
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+
+    res = CliRunner().invoke(main, ["info", str(heads_bundle)])
+    assert res.exit_code == 0, res.output
+    assert "eagle heads: draft vocab 200, tree: topk 3, nodes 5, depth 3" in res.output
+    assert "medusa heads:" in res.output and "default method: pld-eagle" in res.output
+
+
 def test_add_heads_writes_a_new_bundle(tmp_path, trained):
     from specdec_edge.export.heads import add_heads
 
