@@ -33,6 +33,7 @@ from specdec_edge.errors import ExportError
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
 PART = 8  # prompts per data part file
+DEFAULT_EPOCHS = {"eagle": 10, "medusa": 3}  # the shipped heads' recipe (data/heads/README.md)
 
 
 def prepare_bundle(target: str, out: Path, capacity: int, progress: bool) -> Path:
@@ -203,11 +204,16 @@ def medusa_loss(head, seqs: list[dict], batch_tokens: int, index: torch.Tensor):
     return loss, agree
 
 
-def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Path | None = None, max_prompts: int = 160,
-                holdout: int = 2, answer_tokens: int = 128, draft_vocab: int = 8192, epochs: int = 4, lr: float = 1e-3,
+def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Path | None = None, max_prompts: int = 0,
+                holdout: int = 2, answer_tokens: int = 128, draft_vocab: int = 4096, epochs: int | None = None,
+                lr: float = 1e-3,
                 batch_tokens: int = 1024, save_every: int = 20, max_minutes: float = 0.0, medusa_heads: int = 4,
                 capacity: int = 2048, threads: int | None = 2, seed: int = 0, progress: bool = True) -> Path:
-    """Train ``method`` heads for ``target``; returns the heads folder ``out/<method>``."""
+    """Train ``method`` heads for ``target``; returns the heads folder ``out/<method>``.
+
+    The defaults are the shipped heads' recipe (``data/heads/README.md``); ``epochs`` defaults to
+    ``DEFAULT_EPOCHS[method]``."""
+    epochs = epochs or DEFAULT_EPOCHS.get(method, 4)
     from tqdm import tqdm
 
     from specdec_edge.bundle import read_manifest
