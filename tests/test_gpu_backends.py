@@ -24,6 +24,7 @@ from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.bundle import CacheSpec, GraphSpec, read_manifest, verify_bundle
 from specdec_edge.errors import BundleError
 from specdec_edge.runtime import OrtEngine
+from specdec_edge.runtime.base import PAD_TO
 from specdec_edge.runtime.cuda_engine import DeviceEngine, compaction_model
 from specdec_edge.runtime.providers import (PREFILL_CHUNK, ort_package_conflict, tensorrt_ep_options,
                                             tensorrt_profiles)
@@ -75,6 +76,7 @@ def test_tensorrt_ep_options_cover_every_pass(tmp_path, layers, kvh, hd, cap, dt
     assert mins["attention_bias"] == (1, 1, 1, 1) and maxs["attention_bias"] == (1, 1, top, cap)
     for name in mins:
         assert all(a <= b <= c for a, b, c in zip(mins[name], opt[name], maxs[name])), name
+    assert opt["input_ids"] == (1, min(PAD_TO, top))  # the padded decode pass every GPU step runs
     assert mins["past_key_values.0.key"] == maxs[f"past_key_values.{layers - 1}.value"] == (1, kvh, cap, hd)
     assert opts["trt_fp16_enable"] == ("1" if dtype == "fp16" else "0")
     assert opts["trt_engine_cache_enable"] == "1" and opts["trt_engine_cache_path"] == str(tmp_path)

@@ -30,6 +30,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import PAD_TO
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -137,13 +138,13 @@ def max_pass_tokens(graph: GraphSpec, max_verify: int = MAX_VERIFY) -> int:
 def tensorrt_profiles(graph: GraphSpec, max_verify: int = MAX_VERIFY) -> dict[str, tuple]:
     """One optimization profile: input name -> (min, opt, max) shape, batch 1.
 
-    S (new tokens) spans 1..max_pass_tokens, optimized for a verify pass; the bias width
+    S (new tokens) spans 1..max_pass_tokens, optimized for a padded decode pass (PAD_TO rows); the bias width
     (past + S) spans 1..capacity. The cache buffers are fixed at the exported capacity.
     ``logits_to_keep`` is a shape *value* input (it sizes the logits): see ``shape_value_ranges``.
     """
     cache = graph.cache
     top = max_pass_tokens(graph, max_verify)
-    opt_s = min(max_verify, top, 8)
+    opt_s = min(PAD_TO, top)  # GPU engines pad every decode pass to PAD_TO rows (runtime/base.pad_step)
     opt_t = max(opt_s, cache.capacity // 2)
     profiles = {
         "input_ids": ((1, 1), (1, opt_s), (1, top)),
@@ -160,7 +161,7 @@ def tensorrt_profiles(graph: GraphSpec, max_verify: int = MAX_VERIFY) -> dict[st
 def shape_value_ranges(graph: GraphSpec, max_verify: int = MAX_VERIFY) -> dict[str, tuple]:
     """Inputs whose *values* are shapes for TensorRT: name -> (min, opt, max) values."""
     top = max_pass_tokens(graph, max_verify)
-    return {"logits_to_keep": ((1,), (min(max_verify, top, 8),), (top,))}
+    return {"logits_to_keep": ((1,), (min(PAD_TO, top),), (top,))}
 
 
 def _profile_string(profiles: dict, which: int) -> str:
