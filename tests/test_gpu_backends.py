@@ -272,6 +272,16 @@ def test_gpu_check_script_reports_what_is_missing():
     assert "missing" in res.stdout + res.stderr and "nvidia-smi" in res.stdout + res.stderr
 
 
+def test_gpu_check_python_half_runs_its_cpu_reference_row(tiny_llama_dir):
+    """The table code of scripts/gpu_check.py, on the CPU row every run starts with (no backend given)."""
+    res = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check.py"), "", str(tiny_llama_dir)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| cpu | ort-fp32 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5:7] == ["6/6", "6/6"] and float(cells[4]) == 0.0  # exact vs itself; pld, lookahead == plain
+
+
 # ---- DeviceEngine logic on the CPU, against OrtEngine
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_compaction_graph_is_valid_onnx_and_moves_slots_in_place(dtype):
