@@ -126,6 +126,21 @@ def make_proposer(method: str, draft: OrtEngine | None, options: dict, target: O
     raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
 
 
+def typical_options(options: dict) -> dict:
+    """medusa-typical's ``epsilon`` and ``delta`` from the method options, checked: positive numbers."""
+    out = {}
+    for key in TYPICAL_OPTIONS:
+        if key in options:
+            try:
+                out[key] = float(options[key])
+            except (TypeError, ValueError):
+                out[key] = float("nan")
+            if not out[key] > 0:
+                raise SpecdecError(f"medusa-typical option {key}={options[key]!r} is invalid: use a number > 0 "
+                                   "(defaults: epsilon=0.09, delta=0.3).")
+    return out
+
+
 class Pipeline:
     """A loaded bundle: target engine, proposer and tokenizer. Calls are serialized by a lock."""
 
@@ -153,9 +168,7 @@ class Pipeline:
         self.k = k
         self.options = dict(options or {})
         self.heads = heads or {}
-        self.typical = None
-        if method in LOSSY_METHODS:
-            self.typical = {k: float(self.options[k]) for k in TYPICAL_OPTIONS if k in self.options}
+        self.typical = typical_options(self.options) if method in LOSSY_METHODS else None
         try:
             self.proposer = make_proposer(method, draft, self.options, target, self.heads)
         except TypeError as e:

@@ -173,6 +173,12 @@ def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
     assert "| medusa-typical (lossy) |" in table and "| medusa |" in table and "sampling at temperature 0.8" in table
 
 
+def test_medusa_typical_options_are_checked(plain):
+    for bad in ({"epsilon": "abc"}, {"delta": 0}, {"epsilon": -1}):
+        with pytest.raises(SpecdecError, match="medusa-typical option"):
+            plain.with_method("medusa-typical", **bad)
+
+
 def test_medusa_typical_accepts_more_than_exact_rejection_when_sampling(plain):
     """On the same seeds, typical acceptance takes more draft tokens than exact recursive rejection."""
     exact, typical = plain.with_method("medusa", k=4), plain.with_method("medusa-typical", k=4)
