@@ -173,6 +173,12 @@ def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
     assert "| medusa-typical (lossy) |" in table and "| medusa |" in table and "sampling at temperature 0.8" in table
 
 
+def test_eagle_options_are_checked(plain):
+    for bad in ({"nodes": "abc"}, {"topk": 0}, {"depth": 1.5}, {"topk": 99}):
+        with pytest.raises(SpecdecError, match="EAGLE"):
+            plain.with_method("eagle", **bad)
+
+
 def test_medusa_typical_options_are_checked(plain):
     for bad in ({"epsilon": "abc"}, {"delta": 0}, {"epsilon": -1}):
         with pytest.raises(SpecdecError, match="medusa-typical option"):

@@ -119,6 +119,9 @@ class EagleProposer(Proposer):
     """EAGLE head with its own KV cache; EAGLE-2 style dynamic tree by draft confidence."""
 
     def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 5, depth: int | None = None):
+        for name, value in (("topk", topk), ("nodes", nodes), ("depth", depth)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise SpecdecError(f"EAGLE option {name}={value!r} is invalid: use an integer.")
         if not 1 <= topk <= graph.top_k or nodes < 1 or (depth is not None and depth < 1):
             raise SpecdecError(f"EAGLE needs 1 <= topk <= {graph.top_k}, nodes >= 1 and depth >= 1; "
                                f"got topk={topk}, nodes={nodes}, depth={depth}.")
