@@ -73,6 +73,18 @@ class CacheLength:
     def reset(self) -> None:
         self.length = 0
 
+    def commit(self, n: int, path: np.ndarray | None = None) -> None:
+        """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it),
+        whose cache slots the engine's ``_compact(path)`` moves to ``length..length+n-1``."""
+        if path is not None:
+            path = np.asarray(path, dtype=np.int64)[:n]
+            if not np.array_equal(path, np.arange(n)):
+                self._compact(path)
+        self.length += n
+
+    def _compact(self, path: np.ndarray) -> None:
+        raise NotImplementedError
+
     def rollback(self, length: int) -> None:
         """Forget every cache slot from ``length`` on (nothing is copied)."""
         if not 0 <= length <= self.length:

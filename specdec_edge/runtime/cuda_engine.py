@@ -46,7 +46,7 @@ import onnxruntime as ort
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import PAD_TO, CacheLength, pad_step
-from specdec_edge.runtime.ort_engine import StepOutput, session_options
+from specdec_edge.runtime.ort_engine import StepOutput, bind_host_outputs, session_options
 from specdec_edge.runtime.providers import create_session, require_provider, tensorrt_ep_options
 
 ONNX_FLOAT, ONNX_INT64, ONNX_FLOAT16 = 1, 7, 10
@@ -168,19 +168,6 @@ class DeviceEngine(CacheLength):
                                     self._pointer(dst, layer, k))
         return binding
 
-    def _bind_host_outputs(self, binding: ort.IOBinding, seq: int, keep: int) -> tuple:
-        """Bind reused host buffers for this step's logits (and hidden states): ORT copies them off the device."""
-        if (seq, keep) not in self._out_buffers:
-            if len(self._out_buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
-                self._out_buffers.clear()
-            hidden = np.empty((1, seq, self.graph.hidden_size), np.float32) if self.graph.has_hidden_states else None
-            self._out_buffers[seq, keep] = (np.empty((1, keep, self.graph.vocab_size), np.float32), hidden)
-        logits, hidden = self._out_buffers[seq, keep]
-        binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
-        if hidden is not None:
-            binding.bind_output("hidden_states", "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
-        return logits, hidden
-
     def run(self, input_ids, position_ids: np.ndarray | None = None, attention_bias: np.ndarray | None = None,
             logits_to_keep: int | None = None) -> StepOutput:
         """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
@@ -193,20 +180,13 @@ class DeviceEngine(CacheLength):
         binding.bind_cpu_input("position_ids", step.positions)
         binding.bind_cpu_input("attention_bias", step.bias)
         binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
-        logits, hidden = self._bind_host_outputs(binding, step.ids.shape[1], step.keep)
+        logits, hidden = bind_host_outputs(binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep)
         self.session.run_with_iobinding(binding)
         self._current = (self._current + 1) % self._slabs
         return StepOutput(logits[0, :keep], None if hidden is None else hidden[0, :seq])
 
-    def commit(self, n: int, path: np.ndarray | None = None) -> None:
-        """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it)."""
-        if path is not None:
-            path = np.asarray(path, dtype=np.int64)[:n]
-            if not np.array_equal(path, np.arange(n)):
-                self._compact(self.length + path, self.length + np.arange(n, dtype=np.int64))
-        self.length += n
-
-    def _compact(self, src: np.ndarray, dst: np.ndarray) -> None:
+    def _compact(self, path: np.ndarray) -> None:
+        src, dst = self.length + path, self.length + np.arange(len(path), dtype=np.int64)
         binding = self._compactor.io_binding()
         pointer = self.cache.data_ptr() + self._current * self._slab_bytes
         binding.bind_input("cache", self.device, 0, self._dtype, self._slab_shape, pointer)

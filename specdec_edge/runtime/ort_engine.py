@@ -44,6 +44,21 @@ def session_options(threads: int | None = None, share_process: bool = False) -> 
     return opts
 
 
+def bind_host_outputs(binding: ort.IOBinding, buffers: dict, graph: GraphSpec, seq: int, keep: int) -> tuple:
+    """Bind reused host buffers for one step's logits [1, keep, V] (and hidden states [1, seq, H]) to
+    ``binding``; ``buffers`` caches them per shape. ONNX Runtime writes (or copies from a device) into them."""
+    if (seq, keep) not in buffers:
+        if len(buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
+            buffers.clear()
+        hidden = np.empty((1, seq, graph.hidden_size), np.float32) if graph.has_hidden_states else None
+        buffers[seq, keep] = (np.empty((1, keep, graph.vocab_size), np.float32), hidden)
+    logits, hidden = buffers[seq, keep]
+    binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+    if hidden is not None:
+        binding.bind_output("hidden_states", "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
+    return logits, hidden
+
+
 class OrtEngine(CacheLength):
     """Runs one bundle graph with a fixed-capacity in-place KV cache (batch 1)."""
 
@@ -75,23 +90,6 @@ class OrtEngine(CacheLength):
                 self.binding.bind_ortvalue_input(spec.input_name(layer, kind), value)
                 self.binding.bind_ortvalue_output(spec.output_name(layer, kind), value)
 
-    def _bind_step_outputs(self, seq: int = 1, keep: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
-        """Bind preallocated host buffers for this step's logits (and hidden states); reused per shape."""
-        key = (seq, keep)
-        if key not in self._out_buffers:
-            logits = np.empty((1, keep, self.graph.vocab_size), dtype=np.float32)
-            hidden = np.empty((1, seq, self.graph.hidden_size), dtype=np.float32) if self.graph.has_hidden_states else None
-            if len(self._out_buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
-                self._out_buffers.clear()
-            self._out_buffers[key] = (logits, hidden)
-        logits, hidden = self._out_buffers[key]
-        self.binding.bind_output("logits", "cpu", element_type=np.float32, shape=logits.shape,
-                                 buffer_ptr=logits.ctypes.data)
-        if hidden is not None:
-            self.binding.bind_output("hidden_states", "cpu", element_type=np.float32, shape=hidden.shape,
-                                     buffer_ptr=hidden.ctypes.data)
-        return logits, hidden
-
     def run(
         self,
         input_ids,
@@ -109,16 +107,11 @@ class OrtEngine(CacheLength):
         self.binding.bind_cpu_input("position_ids", step.positions)
         self.binding.bind_cpu_input("attention_bias", step.bias)
         self.binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
-        logits, hidden = self._bind_step_outputs(seq, keep)
+        logits, hidden = bind_host_outputs(self.binding, self._out_buffers, self.graph, seq, keep)
         self.session.run_with_iobinding(self.binding)
         return StepOutput(logits[0], None if hidden is None else hidden[0])
 
-    def commit(self, n: int, path: np.ndarray | None = None) -> None:
-        """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it)."""
-        if path is not None:
-            path = np.asarray(path, dtype=np.int64)[:n]
-            if not np.array_equal(path, np.arange(n)):
-                start = self.length
-                # Fancy indexing copies the source first, so overlapping moves are safe.
-                self.cache[..., start : start + n, :] = self.cache[..., start + path, :]
-        self.length += n
+    def _compact(self, path: np.ndarray) -> None:
+        start, n = self.length, len(path)
+        # Fancy indexing copies the source first, so overlapping moves are safe.
+        self.cache[..., start : start + n, :] = self.cache[..., start + path, :]

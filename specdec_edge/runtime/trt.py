@@ -279,16 +279,9 @@ class TrtEngine(CacheLength):
                                                                kind, self._stream))
         return out
 
-    def commit(self, n: int, path: np.ndarray | None = None) -> None:
-        if path is not None:
-            path = np.asarray(path, dtype=np.int64)[:n]
-            if not np.array_equal(path, np.arange(n)):
-                if np.any(np.diff(path) <= 0):
-                    raise SpecdecError(f"tree path {path.tolist()} is not in topological (increasing) order.")
-                self._compact(path)
-        self.length += n
-
     def _compact(self, path: np.ndarray) -> None:
+        if np.any(np.diff(path) <= 0):
+            raise SpecdecError(f"tree path {path.tolist()} is not in topological (increasing) order.")
         # Slot s of every (layer, K/V, head) row sits at base + row * capacity*row_bytes + s*row_bytes: one
         # 2D copy moves a slot everywhere. Increasing path: a destination is never a later source.
         spec, cudart = self.graph.cache, self._cudart

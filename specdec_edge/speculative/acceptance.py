@@ -16,6 +16,7 @@ import numpy as np
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import sample
+from specdec_edge.speculative.tree import path_to
 
 
 def _check_shapes(draft_tokens: np.ndarray, target: np.ndarray, draft_probs: np.ndarray | None = None) -> int:
@@ -118,10 +119,7 @@ def deepest_branch(parents: np.ndarray, ok: np.ndarray) -> np.ndarray:
             depth[i] = 1 if parent < 0 else depth[parent] + 1
     if not depth.any():
         return np.zeros(0, dtype=np.int64)
-    path = [int(depth.argmax())]
-    while parents[path[-1]] >= 0:
-        path.append(int(parents[path[-1]]))
-    return np.array(path[::-1], dtype=np.int64)
+    return np.array(path_to(parents, int(depth.argmax())), dtype=np.int64)
 
 
 def accept_tree_sampling(tokens: np.ndarray, parents: np.ndarray, target_probs: np.ndarray,

@@ -30,6 +30,7 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import causal_bias
 from specdec_edge.runtime.ort_engine import session_options
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
+from specdec_edge.speculative.tree import path_to
 
 # Rank paths of the default Medusa tree: depth 1..5, most likely first (21 nodes).
 MEDUSA_TREE = (
@@ -178,10 +179,7 @@ class EagleProposer(Proposer):
             bias[0, 0, :, : self.length] = 0.0
             for r, node in enumerate(chosen):
                 bias[0, 0, r, past + r] = 0.0
-                a = parents[node]
-                while a >= 0:
-                    bias[0, 0, r, slot[a]] = 0.0
-                    a = parents[a]
+                bias[0, 0, r, [slot[a] for a in path_to(parents, node)[:-1]]] = 0.0  # its expanded ancestors
             out, lp, ids = self._run(np.stack([feats[i] for i in chosen]), [tokens[i] for i in chosen],
                                      [n - 2 + depth] * len(chosen), bias, np.arange(len(chosen)))
             for r, node in enumerate(chosen):

@@ -119,7 +119,7 @@ def decode(
         t4 = time.perf_counter()
         if params.greedy:
             rows = np.concatenate([[0], path + 1])[: len(emitted)]  # the logits each emitted token came from
-            ties, gap = near_ties(logits[rows])
+            ties, gap = near_ties(logits, rows)
             if ties:
                 stats.near_ties += ties
                 stats.min_logit_gap = min(stats.min_logit_gap or gap, gap)
@@ -141,8 +141,9 @@ def decode(
 def verify(target, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.ndarray | None]:
     """One target pass over ``[pending] + proposal.tokens``.
 
-    Returns copies of the logits ``[1+m, V]`` and, when the graph has them, the hidden states
-    ``[1+m, H]``. A chain runs causally; a tree gets tree positions and an ancestor-only bias.
+    Returns the logits ``[1+m, V]`` and, when the graph has them, the hidden states ``[1+m, H]``
+    as the engine gave them (float32; its reused buffers: valid until the target's next run, which
+    is the next step). A chain runs causally; a tree gets tree positions and an ancestor-only bias.
     """
     ids = np.concatenate([[pending], np.asarray(proposal.tokens, dtype=np.int64)])
     if proposal.parents is None:
@@ -150,8 +151,8 @@ def verify(target, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.nda
     else:
         positions, bias = tree_inputs(np.concatenate([[-1], proposal.parents + 1]), target.length)
         out = target.run(ids, positions, bias)
-    hidden = None if out.hidden_states is None else np.array(out.hidden_states, dtype=np.float32)
-    return np.array(out.logits, dtype=np.float32), hidden
+    hidden = None if out.hidden_states is None else np.asarray(out.hidden_states, dtype=np.float32)
+    return np.asarray(out.logits, dtype=np.float32), hidden
 
 
 def accept(proposal: Proposal, logits: np.ndarray, params: SamplingParams,
@@ -183,14 +184,23 @@ def accept(proposal: Proposal, logits: np.ndarray, params: SamplingParams,
     return np.arange(n), token
 
 
-def near_ties(logits: np.ndarray) -> tuple[int, float]:
-    """Rows whose top-2 logits are closer than NEAR_TIE (greedy output may depend on batching there),
-    and the smallest such gap."""
-    if logits.shape[-1] < 2 or not len(logits):
+def near_ties(logits: np.ndarray, rows=None) -> tuple[int, float]:
+    """Of ``rows`` of ``logits`` (default: all), how many have top-2 logits closer than NEAR_TIE
+    (greedy output may depend on batching there), and the smallest such gap.
+
+    Runs once per step over a few rows of the vocabulary: argmax, then the max with the top entry
+    masked in place and restored -- no vocabulary-sized copy (~10x cheaper than np.partition).
+    """
+    if logits.shape[-1] < 2:
         return 0, 0.0
-    rows, top = np.arange(len(logits)), logits.argmax(axis=-1)
-    rest = logits.copy()  # argmax + max is ~10x cheaper than np.partition over a large vocabulary
-    rest[rows, top] = -np.inf
-    gaps = logits[rows, top] - rest.max(axis=-1)
-    close = gaps < NEAR_TIE
-    return int(np.count_nonzero(close)), float(gaps[close].min()) if close.any() else 0.0
+    count, smallest = 0, np.inf
+    for r in range(len(logits)) if rows is None else rows:
+        row = logits[r]
+        top = int(row.argmax())
+        best = row[top]
+        row[top] = -np.inf
+        gap = float(best - row.max())
+        row[top] = best
+        if gap < NEAR_TIE:
+            count, smallest = count + 1, min(smallest, gap)
+    return count, (smallest if count else 0.0)
