@@ -126,6 +126,15 @@ def make_proposer(method: str, draft: OrtEngine | None, options: dict, target: O
     raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
 
 
+def check_method(method: str, has_draft: bool, bundle: Path | None = None) -> None:
+    """Refuse an unknown method, or "draft" without a draft model, with what to use instead."""
+    if method not in METHODS:
+        raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
+    if method == "draft" and not has_draft:
+        where = f"bundle {bundle}" if bundle else "this bundle"
+        raise SpecdecError(f"{where} has no draft model; use method 'pld' or 'plain', or export with --draft.")
+
+
 def typical_options(options: dict) -> dict:
     """medusa-typical's ``epsilon`` and ``delta`` from the method options, checked: positive numbers."""
     out = {}
@@ -147,10 +156,7 @@ class Pipeline:
     def __init__(self, tokenizer: Tokenizer, target: OrtEngine, draft: OrtEngine | None, method: str, k: int,
                  options: dict | None = None, lock: threading.Lock | None = None, heads: dict | None = None,
                  allow_inexact: bool = False):
-        if method not in METHODS:
-            raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
-        if method == "draft" and draft is None:
-            raise SpecdecError("this bundle has no draft model; use method 'pld' or 'plain', or export with --draft.")
+        check_method(method, draft is not None)
         if method != "plain" and not (isinstance(k, int) and k >= 1):
             raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
         graph = getattr(target, "graph", None)
@@ -183,13 +189,16 @@ class Pipeline:
         """Load ``bundle``.
 
         ``method``: "draft" (default when the bundle has a draft model), "pld" (prompt
-        lookup), "lookahead", "eagle", "medusa", "medusa-typical" or "plain". ``k`` is the
+        lookup), "lookahead", "eagle", "medusa", "pld-eagle", "medusa-typical" or "plain". ``k`` is the
         speculation length (the deepest proposal); ``options`` go to the method's proposer (pld:
         ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``, ``guesses``; eagle:
         ``topk``, ``nodes``, ``depth``; medusa: ``tree``; defaults: the tree settings the bundle's
-        manifest records). A bundle with trained heads defaults to its best measured head method. "medusa-typical" is Medusa with typical acceptance (options
-        ``epsilon``, ``delta``): LOSSY when sampling -- more accepted tokens, but the output no
-        longer follows the target's distribution; greedy stays exact.
+        manifest records). "pld-eagle" proposes by prompt lookup where an n-gram of 2+ tokens
+        repeats (``min_ngram``, ``max_ngram``) and by EAGLE elsewhere; a bundle with trained heads
+        defaults to the method its manifest names (pld-eagle with EAGLE heads). "medusa-typical" is
+        Medusa with typical acceptance (options ``epsilon``, ``delta``): LOSSY when sampling --
+        more accepted tokens, but the output no longer follows the target's distribution; greedy
+        stays exact.
         ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or
         "trt" (TensorRT engines from `specdec-edge build-engines`); see ``runtime/providers.py``.
         ``allow_inexact``: permit speculation on int8/int4 bundles, whose batched verification
@@ -201,10 +210,7 @@ class Pipeline:
         manifest = read_manifest(root)
         heads = manifest.heads or {}
         method = method or heads.get("default") or ("draft" if manifest.draft is not None else "plain")
-        if method not in METHODS:
-            raise SpecdecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
-        if method == "draft" and manifest.draft is None:
-            raise SpecdecError(f"bundle {root} has no draft model; use method 'pld' or 'plain', or export with --draft.")
+        check_method(method, manifest.draft is not None, root)  # before the engines load
         share = manifest.draft is not None or bool(heads)  # several sessions in one process: no spinning pools
         target = open_engine(root, manifest.target.graph, provider=provider, threads=threads, share_process=share,
                              pad_to=pad_to)
