@@ -13,7 +13,7 @@ import numpy as np
 from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest
 from specdec_edge.export.exporter import export_bundle
-from specdec_edge.runtime.providers import open_engine
+from specdec_edge.runtime import open_engine
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox",
            "def add(a, b):\n    return a + b\n\ndef add(a, b):", "Summarize the following article in three sentences.",
@@ -73,7 +73,7 @@ def main() -> int:
     build = {}
     for b in ("trt", "tensorrt"):
         if b in backends:
-            from specdec_edge.export.trt_build import build_engines
+            from specdec_edge.export.build_engines import build_engines
             t0 = time.perf_counter()
             try:
                 build_engines(bundles["portable-fp16"], backends=(b,), max_verify=16, echo=lambda s: None)

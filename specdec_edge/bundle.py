@@ -106,6 +106,7 @@ class Manifest:
     draft: ModelSpec | None = None
     files: dict = field(default_factory=dict)  # relpath -> {"sha256", "size"}
     heads: dict | None = None  # trained draft heads: method -> graph, settings, training summary; "default"
+    engines: list = field(default_factory=list)  # prebuilt TensorRT engines (runtime/prebuilt.py)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -131,6 +132,7 @@ class Manifest:
             tokenizer=TokenizerSpec(**tok),
             files=data.get("files", {}),
             heads=data.get("heads"),
+            engines=list(data.get("engines", [])),
         )
 
 

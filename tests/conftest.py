@@ -44,7 +44,7 @@ def gpu_missing() -> str | None:
     import onnxruntime as ort
 
     from specdec_edge.errors import SpecdecError
-    from specdec_edge.runtime.trt import gpu_info
+    from specdec_edge.runtime.prebuilt import gpu_info
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return "no CUDAExecutionProvider in this onnxruntime (install onnxruntime-gpu)"
@@ -68,3 +68,20 @@ def pytest_collection_modifyitems(config, items):
         for marker, missing in (("gpu", gpu_missing), ("trt", trt_missing)):
             if item.get_closest_marker(marker) and (reason := missing()):
                 item.add_marker(pytest.mark.skip(reason=f"needs {marker}: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def portable_bundle(tmp_path_factory, tiny_llama_dir):
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "portable"
+    return export_bundle(str(tiny_llama_dir), out, flavour="portable", capacity=64, progress=False)
+
+
+@pytest.fixture(scope="session")
+def ort_fp16_bundle(tmp_path_factory, tiny_llama_dir):
+    """The fused-attention graph in fp16: what the CUDA EP runs (its GroupQueryAttention has no fp32 kernel)."""
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "ort-fp16"
+    return export_bundle(str(tiny_llama_dir), out, dtype="fp16", capacity=64, progress=False)

@@ -1,34 +1,63 @@
-"""What every engine shares: the host-held valid length of its fixed-capacity KV cache."""
+"""The engine contract: what the decode loop may ask of any backend, and what every engine shares.
+
+An engine runs one decoder graph of a bundle over a fixed-capacity KV cache (batch 1). The
+cache's valid length lives on the host, in the engine:
+
+* ``run(ids)`` computes S new tokens after the ``length`` committed cache slots, writes their
+  K/V to slots ``length .. length+S-1`` and returns their logits; ``length`` does not move.
+* ``commit(n)`` keeps the first n of them (``length += n``); the rest are overwritten by the
+  next ``run``, so rolling back rejected tokens copies nothing.
+* ``commit(n, path)`` keeps tree nodes ``path`` instead: their K/V move to consecutive slots
+  (compaction after tree verification, ``_compact``).
+* ``rollback(length)`` forgets slots from ``length`` on; ``reset()`` forgets all of them.
+
+Shapes below: S new tokens of one pass, N kept logits rows, V vocabulary, H hidden size.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
 
+# The backends that implement this contract (runtime/factory.py): ONNX Runtime on the CPU, its CUDA
+# and TensorRT execution providers, and TensorRT's own API on prebuilt engines.
+BACKENDS = ("cpu", "cuda", "tensorrt", "trt")
+# The widest passes an engine must accept: prefill runs in chunks of PREFILL_CHUNK tokens; a
+# verified tree has at most MAX_VERIFY nodes (GPU engines build their shape profiles for these).
+PREFILL_CHUNK = 256
+MAX_VERIFY = 64
+# GPU engines pad every narrower pass to this many rows (see pad_step); CPU kernels need no padding.
+PAD_TO = 32
+
+
+@dataclass
+class StepOutput:
+    """What one ``run`` returns. The arrays may be reused buffers, valid until the engine's next run."""
+
+    logits: np.ndarray  # [N, V] float32: row j predicts the token after new token S-N+j
+    hidden_states: np.ndarray | None = None  # [S, H] float32, when the graph outputs them
+
 
 @dataclass
 class StepInputs:
-    """One pass's host-side inputs, shaped for the graph: (1, S) ids and positions, (1, 1, S, past+S) bias."""
+    """One pass's host-side inputs, shaped for the graph."""
 
-    ids: np.ndarray
-    positions: np.ndarray
-    bias: np.ndarray
+    ids: np.ndarray  # [1, S] int64
+    positions: np.ndarray  # [1, S] int64
+    bias: np.ndarray  # [1, 1, S, past+S] float32: 0 = attend, -inf = masked
     keep: int  # logits rows to compute (the last ``keep`` new tokens)
 
 
 def causal_bias(past: int, seq: int) -> np.ndarray:
-    """(1, 1, S, past+S) float32 bias: every new token sees the cache and earlier new tokens."""
+    """[1, 1, S, past+S] float32 bias: every new token sees the cache and earlier new tokens."""
     bias = np.zeros((1, 1, seq, past + seq), dtype=np.float32)
     if seq > 1:
         bias[0, 0, :, past:][np.triu_indices(seq, 1)] = -np.inf
     return bias
-
-
-# GPU engines pad every narrower pass to this many rows (see pad_step); CPU kernels need no padding.
-PAD_TO = 32
 
 
 def pad_step(step: StepInputs, width: int, past: int) -> StepInputs:
@@ -56,15 +85,34 @@ def pad_step(step: StepInputs, width: int, past: int) -> StepInputs:
     return StepInputs(ids, positions, bias, step.keep + pad)
 
 
-class CacheLength:
-    """Mixin for engines: ``length`` committed slots; rollback moves it back and copies nothing.
+class Engine(ABC):
+    """One decoder graph with a fixed-capacity KV cache whose valid length the host holds.
 
-    The engine sets ``self.graph`` (a ``GraphSpec``) and ``self.length``.
+    Subclasses set ``graph`` (the manifest's ``GraphSpec``), ``capacity`` and ``length`` and
+    implement ``run`` and ``_compact``; the length bookkeeping is shared.
     """
 
-    graph: object
-    capacity: int
-    length: int = 0
+    graph: object  # bundle.GraphSpec
+    capacity: int  # cache slots
+    length: int = 0  # committed slots
+
+    @abstractmethod
+    def run(self, input_ids, position_ids: np.ndarray | None = None, attention_bias: np.ndarray | None = None,
+            logits_to_keep: int | None = None) -> StepOutput:
+        """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1.
+
+        Args:
+            input_ids: [S] (or [1, S]) token ids.
+            position_ids: [S] rotary positions; default ``length .. length+S-1`` (a chain).
+            attention_bias: [1, 1, S, length+S]; default causal (a tree passes its ancestor mask).
+            logits_to_keep: logits rows for the last N new tokens; default all S.
+        Returns:
+            ``StepOutput`` with logits [N, V] (and hidden states [S, H] if the graph has them).
+        """
+
+    @abstractmethod
+    def _compact(self, path: np.ndarray) -> None:
+        """Move the K/V of slots ``length + path`` to slots ``length .. length+len(path)-1``."""
 
     @property
     def vocab_size(self) -> int:
@@ -74,16 +122,12 @@ class CacheLength:
         self.length = 0
 
     def commit(self, n: int, path: np.ndarray | None = None) -> None:
-        """Keep n of the tokens from the last ``run``; ``path`` selects tree nodes (indices into it),
-        whose cache slots the engine's ``_compact(path)`` moves to ``length..length+n-1``."""
+        """Keep n of the tokens from the last ``run``: the first n, or tree nodes ``path[:n]`` (indices into it)."""
         if path is not None:
             path = np.asarray(path, dtype=np.int64)[:n]
             if not np.array_equal(path, np.arange(n)):
                 self._compact(path)
         self.length += n
-
-    def _compact(self, path: np.ndarray) -> None:
-        raise NotImplementedError
 
     def rollback(self, length: int) -> None:
         """Forget every cache slot from ``length`` on (nothing is copied)."""

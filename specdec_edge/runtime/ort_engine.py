@@ -1,4 +1,4 @@
-"""An engine over one decoder graph in ONNX Runtime, with an in-place KV cache.
+"""The ``cpu`` backend: one decoder graph in ONNX Runtime on the CPU, with an in-place KV cache.
 
 The cache is a single numpy array ``[layers, 2, batch, kv_heads, capacity, head_dim]``.
 Each layer's key and value slice is wrapped once as an OrtValue (no copy) and bound
@@ -15,51 +15,15 @@ new K/V in place. The valid length lives here, on the host:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
-from specdec_edge.runtime.base import CacheLength
-from specdec_edge.runtime.providers import create_session
+from specdec_edge.runtime.base import Engine, StepOutput
+from specdec_edge.runtime.sessions import bind_host_outputs, create_session, session_options
 
 
-
-@dataclass
-class StepOutput:
-    logits: np.ndarray  # (N, V) float32: may be a reused buffer, valid until the engine's next run
-    hidden_states: np.ndarray | None = None  # (S, H)
-
-
-def session_options(threads: int | None = None, share_process: bool = False) -> ort.SessionOptions:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        opts.intra_op_num_threads = int(threads)
-    opts.inter_op_num_threads = 1
-    if share_process:
-        # Two spinning thread pools in one process slow each other by ~50 %.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return opts
-
-
-def bind_host_outputs(binding: ort.IOBinding, buffers: dict, graph: GraphSpec, seq: int, keep: int) -> tuple:
-    """Bind reused host buffers for one step's logits [1, keep, V] (and hidden states [1, seq, H]) to
-    ``binding``; ``buffers`` caches them per shape. ONNX Runtime writes (or copies from a device) into them."""
-    if (seq, keep) not in buffers:
-        if len(buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
-            buffers.clear()
-        hidden = np.empty((1, seq, graph.hidden_size), np.float32) if graph.has_hidden_states else None
-        buffers[seq, keep] = (np.empty((1, keep, graph.vocab_size), np.float32), hidden)
-    logits, hidden = buffers[seq, keep]
-    binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
-    if hidden is not None:
-        binding.bind_output("hidden_states", "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
-    return logits, hidden
-
-
-class OrtEngine(CacheLength):
+class OrtEngine(Engine):
     """Runs one bundle graph with a fixed-capacity in-place KV cache (batch 1)."""
 
     def __init__(

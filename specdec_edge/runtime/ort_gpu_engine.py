@@ -1,4 +1,4 @@
-"""An engine over ONNX Runtime's CUDA or TensorRT execution provider with the KV cache on the GPU.
+"""The ``cuda`` and ``tensorrt`` backends: ONNX Runtime's CUDA or TensorRT execution provider, KV cache on the GPU.
 
 The whole cache is one device allocation (an OrtValue) shaped
 ``[slabs, layers, 2, 1, kv_heads, capacity, head_dim]``; each layer's key and value is bound
@@ -45,9 +45,10 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import PAD_TO, CacheLength, pad_step
-from specdec_edge.runtime.ort_engine import StepOutput, bind_host_outputs, session_options
-from specdec_edge.runtime.providers import create_session, require_provider, tensorrt_ep_options
+from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step
+from specdec_edge.runtime.prebuilt import engine_cache_dir, find_prebuilt
+from specdec_edge.runtime.sessions import bind_host_outputs, create_session, require_provider, session_options
+from specdec_edge.runtime.trt_profiles import tensorrt_ep_options
 
 ONNX_FLOAT, ONNX_INT64, ONNX_FLOAT16 = 1, 7, 10
 
@@ -101,8 +102,8 @@ def compaction_model(cache_dtype: str) -> bytes:
     return _field(1, 8) + _field(7, graph) + _field(8, _field(1, "") + _field(2, 17))  # ir 8, opset 17
 
 
-class DeviceEngine(CacheLength):
-    """Runs one bundle graph with a device-resident, fixed-capacity KV cache (batch 1)."""
+class OrtGpuEngine(Engine):
+    """Runs one bundle graph on ONNX Runtime's CUDA or TensorRT EP with a device-resident KV cache (batch 1)."""
 
     def __init__(self, model_path: str | Path, graph: GraphSpec, *, provider: str = "cuda", device: str = "cuda",
                  threads: int | None = None, share_process: bool = False, provider_options: dict | None = None,
@@ -139,13 +140,11 @@ class DeviceEngine(CacheLength):
 
     @classmethod
     def from_bundle(cls, root: Path, role: str, graph: GraphSpec, *, provider: str, threads: int | None = None,
-                    share_process: bool = False, pad_to: int | None = None) -> "DeviceEngine":
+                    share_process: bool = False, pad_to: int | None = None) -> "OrtGpuEngine":
         """CUDA EP over the bundle's graph; TensorRT EP over a matching prebuilt EPContext model if the
         bundle has one (``build-engines``), else over the ONNX graph with a per-user engine cache."""
         model_path, options = root / graph.path, None
         if provider == "tensorrt":
-            from specdec_edge.runtime.trt import engine_cache_dir, find_prebuilt
-
             cache_dir = engine_cache_dir(root, graph)
             options = tensorrt_ep_options(graph, cache_dir)  # refuses a non-portable graph first
             cache_dir.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,8 @@
-"""NVIDIA backends: provider options, engine sidecars, the device engine's logic, and GPU-only checks.
+"""The NVIDIA backends' logic, tested on the CPU: provider options, engine sidecars, the GPU engine's code.
 
-What runs without a GPU: generated TensorRT profiles and EP options, sidecar validation, the
-EPContext-on-CPU error, the onnxruntime/onnxruntime-gpu conflict warning, and DeviceEngine's
-binding/compaction/ping-pong logic on the CPU (device="cpu") against OrtEngine. Tests marked
-`gpu`/`trt` need the hardware and skip here with the reason (tests/conftest.py).
+Generated TensorRT profiles and EP options, sidecar validation, the EPContext-on-CPU error, the
+onnxruntime/onnxruntime-gpu conflict warning, and OrtGpuEngine's binding/compaction/ping-pong logic
+on the CPU (device="cpu") against OrtEngine. What needs the hardware is in tests/test_gpu.py.
 """
 
 from __future__ import annotations
@@ -25,10 +24,10 @@ from specdec_edge.bundle import CacheSpec, GraphSpec, read_manifest, verify_bund
 from specdec_edge.errors import BundleError
 from specdec_edge.runtime import OrtEngine
 from specdec_edge.runtime.base import PAD_TO
-from specdec_edge.runtime.cuda_engine import DeviceEngine, compaction_model
-from specdec_edge.runtime.providers import (PREFILL_CHUNK, ort_package_conflict, tensorrt_ep_options,
-                                            tensorrt_profiles)
-from specdec_edge.runtime.trt import check_sidecar, find_prebuilt
+from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine, compaction_model
+from specdec_edge.runtime.prebuilt import check_sidecar, find_prebuilt
+from specdec_edge.runtime.sessions import ort_package_conflict
+from specdec_edge.runtime.trt_profiles import tensorrt_ep_options, tensorrt_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,23 +39,6 @@ def graph_spec(layers=2, kv_heads=2, head_dim=16, capacity=256, dtype="fp32", fl
 
 def parse_profile(text: str) -> dict:
     return {name: tuple(int(d) for d in dims.split("x")) for name, dims in (p.split(":") for p in text.split(","))}
-
-
-@pytest.fixture(scope="module")
-def portable_bundle(tmp_path_factory, tiny_llama_dir):
-    from specdec_edge.export.exporter import export_bundle
-
-    out = tmp_path_factory.mktemp("bundles") / "portable"
-    return export_bundle(str(tiny_llama_dir), out, flavour="portable", capacity=64, progress=False)
-
-
-@pytest.fixture(scope="module")
-def ort_fp16_bundle(tmp_path_factory, tiny_llama_dir):
-    """The fused-attention graph in fp16: what the CUDA EP runs (its GroupQueryAttention has no fp32 kernel)."""
-    from specdec_edge.export.exporter import export_bundle
-
-    out = tmp_path_factory.mktemp("bundles") / "ort-fp16"
-    return export_bundle(str(tiny_llama_dir), out, dtype="fp16", capacity=64, progress=False)
 
 
 # ---- provider options and profiles
@@ -95,10 +77,7 @@ def test_profile_covers_every_input_of_an_exported_graph(tmp_path, portable_bund
         assert len(dims) == len(inputs[name]) and all(d is None or d == m for d, m in zip(inputs[name], dims)), name
 
 
-def test_profiles_follow_max_verify_and_the_loop():
-    from specdec_edge.speculative.loop import PREFILL_CHUNK as LOOP_CHUNK
-
-    assert PREFILL_CHUNK == LOOP_CHUNK
+def test_profiles_follow_max_verify():
     big = tensorrt_profiles(graph_spec(capacity=2048), max_verify=300)
     assert big["input_ids"][2] == (1, 300) and big["attention_bias"][2] == (1, 1, 300, 2048)
 
@@ -142,7 +121,7 @@ def test_trt_provider_without_engines_says_build_them(tiny_bundle):
 
 
 def test_prebuilt_engine_lookup_checks_the_running_gpu_and_tensorrt(tmp_path, tiny_bundle, monkeypatch):
-    from specdec_edge.export.trt_build import register_engines
+    from specdec_edge.export.build_engines import register_engines
 
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
@@ -168,14 +147,14 @@ def test_prebuilt_engine_lookup_checks_the_running_gpu_and_tensorrt(tmp_path, ti
 
 def test_build_engines_writes_engines_and_manifest_atomically(tmp_path, portable_bundle, monkeypatch):
     """The bundle bookkeeping of build-engines, with the two GPU builders replaced by file writers."""
-    from specdec_edge.export import trt_build
+    from specdec_edge.export import build_engines
 
-    monkeypatch.setattr(trt_build, "import_tensorrt", lambda: types.SimpleNamespace(__version__="10.3.0"))
-    monkeypatch.setattr(trt_build, "gpu_info", lambda: {"name": "NVIDIA Jetson Orin", "compute_capability": "8.7"})
-    monkeypatch.setattr(trt_build, "build_plan", lambda src, graph, out, **kw: out.write_bytes(b"plan"))
-    monkeypatch.setattr(trt_build, "build_ep_context", lambda src, graph, out, **kw: out.write_bytes(b"ctx"))
+    monkeypatch.setattr(build_engines, "import_tensorrt", lambda: types.SimpleNamespace(__version__="10.3.0"))
+    monkeypatch.setattr(build_engines, "gpu_info", lambda: {"name": "NVIDIA Jetson Orin", "compute_capability": "8.7"})
+    monkeypatch.setattr(build_engines, "build_plan", lambda src, graph, out, **kw: out.write_bytes(b"plan"))
+    monkeypatch.setattr(build_engines, "build_ep_context", lambda src, graph, out, **kw: out.write_bytes(b"ctx"))
     bundle = Path(shutil.copytree(portable_bundle, tmp_path / "bundle"))
-    folder = trt_build.build_engines(bundle, max_verify=16, echo=lambda line: None)
+    folder = build_engines.build_engines(bundle, max_verify=16, echo=lambda line: None)
     assert folder == bundle / "trt/nvidia-jetson-orin_10.3.0"
     assert sorted(p.name for p in folder.iterdir()) == [
         "target.epctx.onnx", "target.epctx.onnx.json", "target.plan", "target.plan.json"]
@@ -190,9 +169,9 @@ def test_build_engines_writes_engines_and_manifest_atomically(tmp_path, portable
     def fail(*args, **kwargs):
         raise RuntimeError("builder crashed")
 
-    monkeypatch.setattr(trt_build, "build_ep_context", fail)
+    monkeypatch.setattr(build_engines, "build_ep_context", fail)
     with pytest.raises(RuntimeError):
-        trt_build.build_engines(bundle, backends=("tensorrt",), echo=lambda line: None)
+        build_engines.build_engines(bundle, backends=("tensorrt",), echo=lambda line: None)
     assert verify_bundle(bundle) == [] and [p.name for p in (bundle / "trt").iterdir()] == [folder.name]
 
 
@@ -214,7 +193,7 @@ def epcontext_model(path: Path) -> Path:
 
 
 def test_epcontext_bundle_on_cpu_is_a_clear_error(tmp_path, tiny_bundle):
-    from specdec_edge.export.trt_build import register_engines
+    from specdec_edge.export.build_engines import register_engines
 
     bundle = Path(shutil.copytree(tiny_bundle, tmp_path / "bundle"))
     manifest = read_manifest(bundle)
@@ -223,9 +202,9 @@ def test_epcontext_bundle_on_cpu_is_a_clear_error(tmp_path, tiny_bundle):
     Path(f"{ctx}.json").write_text(json.dumps(SIDECAR))
     register_engines(bundle, [{"kind": "ort-epcontext", "role": "target", "file": rel, "sidecar": f"{rel}.json"}])
     assert verify_bundle(bundle) == []
-    for engine in (OrtEngine, DeviceEngine):
+    for engine in (OrtEngine, OrtGpuEngine):
         with pytest.raises(SpecdecError, match="EPContext model.*provider='tensorrt'.*build-engines"):
-            engine(ctx, manifest.target.graph, provider="cpu", **({"device": "cpu"} if engine is DeviceEngine else {}))
+            engine(ctx, manifest.target.graph, provider="cpu", **({"device": "cpu"} if engine is OrtGpuEngine else {}))
     # The bundle's ONNX graphs still serve the CPU.
     assert Pipeline.load(bundle, method="plain", threads=1).generate("The quick", max_new_tokens=3).token_ids
 
@@ -244,7 +223,7 @@ real = md.distribution
 md.distribution = lambda name: real("onnxruntime") if name in ("onnxruntime", "onnxruntime-gpu") else real(name)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    import specdec_edge.runtime, specdec_edge.runtime.cuda_engine, specdec_edge.runtime.trt
+    import specdec_edge.runtime, specdec_edge.runtime.ort_gpu_engine, specdec_edge.runtime.tensorrt_engine
 print("WARN", [str(w.message) for w in caught if w.category is RuntimeWarning])
 heavy = ("torch", "transformers", "onnx", "tensorrt", "cuda")
 print("HEAVY", sorted(m for m in sys.modules if m.split(".")[0] in heavy))
@@ -282,7 +261,7 @@ def test_gpu_check_python_half_runs_its_cpu_reference_row(tiny_llama_dir):
     assert cells[5:7] == ["6/6", "6/6"] and float(cells[4]) == 0.0  # exact vs itself; pld, lookahead == plain
 
 
-# ---- DeviceEngine logic on the CPU, against OrtEngine
+# ---- OrtGpuEngine logic on the CPU, against OrtEngine
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_compaction_graph_is_valid_onnx_and_moves_slots_in_place(dtype):
     import onnx
@@ -331,11 +310,11 @@ def drive(engine) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("which", ["tiny", "portable"])
 @pytest.mark.parametrize("ping_pong", [False, True])
-def test_device_engine_logic_matches_the_cpu_engine(which, ping_pong, tiny_bundle, portable_bundle):
+def test_gpu_engine_logic_matches_the_cpu_engine(which, ping_pong, tiny_bundle, portable_bundle):
     bundle = tiny_bundle if which == "tiny" else portable_bundle
     graph = read_manifest(bundle).target.graph
     want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
-    got = drive(DeviceEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, ping_pong=ping_pong))
+    got = drive(OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, ping_pong=ping_pong))
     for a, b in zip(want, got):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -345,7 +324,7 @@ def test_padded_passes_give_the_same_logits(pad_to, tiny_bundle, portable_bundle
     for bundle in (tiny_bundle, portable_bundle):
         graph = read_manifest(bundle).target.graph
         want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
-        engine = DeviceEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=pad_to)
+        engine = OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=pad_to)
         got = drive(engine)
         assert [g.shape for g in got] == [w.shape for w in want]
         for a, b in zip(want, got):
@@ -374,55 +353,15 @@ def test_cuda_refuses_an_fp32_ort_graph(tiny_bundle, monkeypatch):
     # The refusal comes before any session is made, so a CPU-only onnxruntime that claims CUDA shows it.
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(SpecdecError, match="--dtype fp16"):
-        DeviceEngine(tiny_bundle / graph.path, graph, provider="cuda")
+        OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cuda")
 
 
 @pytest.mark.parametrize("pad_to", [0, 8])
-def test_device_engine_pipeline_is_exact_on_cpu(pad_to, tiny_bundle):
+def test_gpu_engine_pipeline_is_exact_on_cpu(pad_to, tiny_bundle):
     manifest = read_manifest(tiny_bundle)
-    engines = [DeviceEngine(tiny_bundle / m.graph.path, m.graph, provider="cpu", device="cpu", threads=1,
+    engines = [OrtGpuEngine(tiny_bundle / m.graph.path, m.graph, provider="cpu", device="cpu", threads=1,
                             share_process=True, pad_to=pad_to) for m in (manifest.target, manifest.draft)]
     ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
     pipe = Pipeline(ref.tokenizer, engines[0], engines[1], "draft", 4)
     for prompt in ("The quick brown fox", "def add(a, b):"):
         assert pipe.generate(prompt, max_new_tokens=24).token_ids == ref.generate(prompt, max_new_tokens=24).token_ids
-
-
-# ---- on a GPU (skipped here)
-@pytest.mark.gpu
-@pytest.mark.parametrize("which", ["ort-fp16", "portable"])
-@pytest.mark.parametrize("pad_to", [0, 16])
-def test_cuda_engine_matches_cpu(which, pad_to, ort_fp16_bundle, portable_bundle):
-    bundle = ort_fp16_bundle if which == "ort-fp16" else portable_bundle
-    graph = read_manifest(bundle).target.graph
-    want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
-    got = drive(DeviceEngine(bundle / graph.path, graph, provider="cuda", pad_to=pad_to))
-    tol = 1e-4 if graph.dtype == "fp32" else 3e-2  # fp32 with TF32 off; fp16 as the export's validation
-    for a, b in zip(want, got):
-        assert np.abs(a - b).max() <= tol * np.abs(a).max()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("which", ["ort-fp16", "portable"])
-def test_cuda_speculative_equals_plain(which, ort_fp16_bundle, portable_bundle):
-    pipe = Pipeline.load(ort_fp16_bundle if which == "ort-fp16" else portable_bundle, provider="cuda")
-    plain = pipe.with_method("plain")
-    for method in ("pld", "lookahead"):
-        spec = pipe.with_method(method)
-        for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
-            want = plain.generate(prompt, max_new_tokens=32).token_ids
-            assert spec.generate(prompt, max_new_tokens=32).token_ids == want
-
-
-@pytest.mark.trt
-@pytest.mark.parametrize("provider", ["trt", "tensorrt"])
-def test_tensorrt_engines_build_load_and_are_exact(provider, tmp_path, portable_bundle):
-    from specdec_edge.export.trt_build import build_engines
-
-    bundle = Path(shutil.copytree(portable_bundle, tmp_path / "bundle"))
-    build_engines(bundle, backends=(provider,), max_verify=16)
-    assert verify_bundle(bundle) == []
-    pipe = Pipeline.load(bundle, provider=provider, method="pld", k=4)
-    plain = pipe.with_method("plain")
-    for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
-        assert pipe.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids

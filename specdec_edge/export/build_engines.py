@@ -1,7 +1,7 @@
 """`specdec-edge build-engines`: build TensorRT engines for a bundle on the device that will run them.
 
 Two kinds, written to ``BUNDLE/trt/<gpu>_<tensorrt version>/`` and listed in the manifest's
-``engines`` (see ``runtime/trt.py``), each with a JSON sidecar:
+``engines`` (see ``runtime/prebuilt.py``), each with a JSON sidecar:
 
 * ``trt``: a serialized TensorRT engine built with the TensorRT Python API from the portable
   graph: a strongly typed network (the graph's own fp16/fp32 types decide precision; no
@@ -10,7 +10,7 @@ Two kinds, written to ``BUNDLE/trt/<gpu>_<tensorrt version>/`` and listed in the
   hardware-compatible with Ampere and newer. Run by provider ``trt``.
 * ``tensorrt``: an ONNX Runtime EPContext model (``ep.context_enable``, embed mode 1: the
   engine inside the .onnx) made by the TensorRT EP with the options of
-  ``runtime.providers.tensorrt_ep_options``. Run by provider ``tensorrt``.
+  ``runtime.trt_profiles.tensorrt_ep_options``. Run by provider ``tensorrt``.
 
 Needs the GPU, ``tensorrt`` (both kinds) and ``onnxruntime-gpu`` (EPContext).
 """
@@ -26,8 +26,10 @@ from pathlib import Path
 
 from specdec_edge.bundle import MANIFEST, GraphSpec, read_manifest, sha256_file
 from specdec_edge.errors import ExportError
-from specdec_edge.runtime.providers import MAX_VERIFY, shape_value_ranges, tensorrt_ep_options, tensorrt_profiles
-from specdec_edge.runtime.trt import SIDECAR_FORMAT, engine_dir_name, gpu_info, import_tensorrt
+from specdec_edge.runtime.base import MAX_VERIFY
+from specdec_edge.runtime.prebuilt import SIDECAR_FORMAT, engine_dir_name, gpu_info, import_tensorrt
+from specdec_edge.runtime.sessions import create_session, session_options
+from specdec_edge.runtime.trt_profiles import shape_value_ranges, tensorrt_ep_options, tensorrt_profiles
 
 KINDS = {"trt": ("tensorrt", ".plan"), "tensorrt": ("ort-epcontext", ".epctx.onnx")}
 
@@ -83,9 +85,6 @@ def build_plan(onnx_path: Path, graph: GraphSpec, out: Path, *, max_verify: int,
 
 def build_ep_context(onnx_path: Path, graph: GraphSpec, out: Path, *, max_verify: int) -> None:
     """Let the ONNX Runtime TensorRT EP build its engine and dump it as an EPContext model at ``out``."""
-    from specdec_edge.runtime.ort_engine import session_options
-    from specdec_edge.runtime.providers import create_session
-
     opts = session_options()
     opts.add_session_config_entry("ep.context_enable", "1")
     opts.add_session_config_entry("ep.context_file_path", str(out))

@@ -1,0 +1,50 @@
+"""Backend selection: ``open_engine`` picks the engine that runs a bundle graph.
+
+``provider`` (``Pipeline.load(provider=...)``, ``--provider``) picks one backend:
+
+=============  ==========================================================  ======================
+provider       engine                                                      needs
+=============  ==========================================================  ======================
+``cpu``        ``OrtEngine``: ONNX Runtime CPU EP, numpy-backed cache      ``onnxruntime``
+``cuda``       ``OrtGpuEngine``: ONNX Runtime CUDA EP, cache on the GPU    ``onnxruntime-gpu``
+``tensorrt``   ``OrtGpuEngine``: ONNX Runtime TensorRT EP (portable graph) ``onnxruntime-gpu`` +
+                                                                           TensorRT libraries
+``trt``        ``TensorRTEngine``: TensorRT directly, a prebuilt engine    ``tensorrt``,
+               from ``specdec-edge build-engines``                         ``cuda-python``
+=============  ==========================================================  ======================
+
+Every engine implements ``runtime.base.Engine``, the one interface the decode loop sees. The
+modules below this one: ``base`` (the contract), ``sessions`` (ONNX Runtime sessions and
+providers), ``trt_profiles`` and ``prebuilt`` (TensorRT shapes and prebuilt engines), then the
+engines. Light: numpy and onnxruntime only; the GPU engines are imported when chosen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdec_edge.bundle import GraphSpec
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.base import BACKENDS, Engine
+
+
+def open_engine(root: Path, graph: GraphSpec, *, provider: str = "cpu", threads: int | None = None,
+                share_process: bool = False, role: str = "target", pad_to: int | None = None) -> Engine:
+    """The engine of ``provider`` over one bundle graph (see the table in this module's docstring).
+
+    ``pad_to``: GPU engines pad narrower passes to this many rows so that speculative and plain
+    decoding round alike (``ort_gpu_engine``; default 32, 0 = off); the CPU engine needs no padding.
+    """
+    if provider not in BACKENDS:
+        raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(BACKENDS)}.")
+    if provider == "cpu":
+        return OrtEngine(root / graph.path, graph, provider=provider, threads=threads, share_process=share_process)
+    if provider == "trt":
+        from specdec_edge.runtime.tensorrt_engine import TensorRTEngine
+
+        return TensorRTEngine.from_bundle(root, role, graph, pad_to)
+    from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
+
+    return OrtGpuEngine.from_bundle(root, role, graph, provider=provider, threads=threads, share_process=share_process,
+                                    pad_to=pad_to)

@@ -1,0 +1,144 @@
+"""ONNX Runtime sessions: execution providers, session options and host-output binding.
+
+Every engine (and the head graphs) creates its sessions here, so provider checks and thread
+settings are made in one place. A requested provider that is missing, or silently replaced by
+the CPU, is an error that says what to install. Light: numpy and onnxruntime only.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+
+from specdec_edge.bundle import GraphSpec
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import BACKENDS
+
+# provider name (``Pipeline.load(provider=...)``) -> ONNX Runtime execution provider
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+ORT_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn")
+
+
+def installed_ort_packages() -> list[str]:
+    """The ONNX Runtime distributions installed in this environment (they share one import name)."""
+    found = []
+    for name in ORT_PACKAGES:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+def ort_package_conflict(packages: list[str] | None = None) -> str | None:
+    """A warning text when more than one ONNX Runtime package is installed, else None.
+
+    ``onnxruntime`` and ``onnxruntime-gpu`` both install the ``onnxruntime`` module; whichever
+    was installed last wins file by file, so the CUDA provider may be missing or broken.
+    """
+    packages = installed_ort_packages() if packages is None else packages
+    if len(packages) < 2:
+        return None
+    keep = "onnxruntime-gpu" if "onnxruntime-gpu" in packages else packages[-1]
+    drop = " ".join(p for p in packages if p != keep)
+    return (
+        f"several ONNX Runtime packages are installed ({', '.join(packages)}); they overwrite each other's "
+        f"`onnxruntime` module and the GPU providers may be missing. Fix: pip uninstall -y {drop} {keep} && "
+        f"pip install {keep}"
+    )
+
+
+def warn_on_package_conflict() -> None:
+    """Warn (once, at this module's import) when several ONNX Runtime packages are installed."""
+    message = ort_package_conflict()
+    if message:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def require_provider(provider: str) -> str:
+    """The ONNX Runtime EP name for ``provider``, or an error saying what to install."""
+    if provider not in PROVIDERS:
+        raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(BACKENDS)}.")
+    wanted = PROVIDERS[provider]
+    available = ort.get_available_providers()
+    if wanted not in available:
+        hint = "pip uninstall onnxruntime && pip install onnxruntime-gpu"
+        if provider == "cpu":
+            hint = "reinstall onnxruntime"
+        raise SpecdecError(
+            f"{wanted} is not available in this onnxruntime build (available: {', '.join(available)}); "
+            f"install the matching onnxruntime package ({hint}), or use provider='cpu'."
+        )
+    return wanted
+
+
+def create_session(model_path, opts: ort.SessionOptions, provider: str, provider_options: dict | None = None):
+    """An InferenceSession on ``provider`` (CPU kept as fallback for single ops); checks what was used.
+
+    ``model_path``: a file, or ONNX bytes.
+    """
+    wanted = require_provider(provider)
+    # CPU stays registered as the fallback for ops the accelerator lacks; the check below
+    # makes sure the accelerator itself was not silently dropped.
+    providers = [(wanted, provider_options or {})]
+    if wanted != "CPUExecutionProvider":
+        providers.append("CPUExecutionProvider")
+    try:
+        model = model_path if isinstance(model_path, bytes) else str(model_path)
+        session = ort.InferenceSession(model, sess_options=opts, providers=providers)
+    except Exception as e:  # onnxruntime raises its own pybind exception types
+        if "EPContext" in str(e):
+            raise SpecdecError(
+                f"{model_path} is a prebuilt TensorRT engine (EPContext model); it runs only with "
+                f"provider='tensorrt' on the GPU and TensorRT version it was built for, not with {wanted}. "
+                "Load the bundle's ONNX graph instead, or rebuild with `specdec-edge build-engines BUNDLE` on "
+                "this device."
+            ) from None
+        raise
+    used = session.get_providers()[0]
+    if used != wanted:
+        raise SpecdecError(
+            f"requested {wanted} but ONNX Runtime fell back to {used} (driver, CUDA or cuDNN libraries "
+            "missing or mismatched?); fix the GPU setup or use provider='cpu'."
+        )
+    return session
+
+
+def session_options(threads: int | None = None, share_process: bool = False) -> ort.SessionOptions:
+    """Options of every session: full graph optimization, ``threads`` intra-op threads (None: ONNX
+    Runtime's choice); ``share_process`` when other sessions run in the same process."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+    opts.inter_op_num_threads = 1
+    if share_process:
+        # Two spinning thread pools in one process slow each other by ~50 %.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
+
+def bind_host_outputs(binding: ort.IOBinding, buffers: dict, graph: GraphSpec, seq: int, keep: int) -> tuple:
+    """Bind reused host buffers for one step's logits [1, keep, V] (and hidden states [1, seq, H]) to
+    ``binding``; ``buffers`` caches them per shape. ONNX Runtime writes (or copies from a device) into them."""
+    if (seq, keep) not in buffers:
+        if len(buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
+            buffers.clear()
+        hidden = np.empty((1, seq, graph.hidden_size), np.float32) if graph.has_hidden_states else None
+        buffers[seq, keep] = (np.empty((1, keep, graph.vocab_size), np.float32), hidden)
+    logits, hidden = buffers[seq, keep]
+    binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+    if hidden is not None:
+        binding.bind_output("hidden_states", "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
+    return logits, hidden
+
+
+warn_on_package_conflict()
