@@ -30,7 +30,7 @@ from tqdm import tqdm
 from specdec_edge import __version__
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.pipeline import LOSSY_METHODS, METHODS
+from specdec_edge.speculative.methods import METHODS
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
 OVERALL = "overall"
@@ -126,8 +126,8 @@ def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: in
     ``skipped_methods`` with the reason, prompts too long for the KV cache under ``skipped_prompts``.
     ``options`` maps a method to its proposer options (e.g. ``{"lookahead": {"window": 5}}``).
     ``temperature`` > 0 samples (every call with ``seed``): outputs are then not comparable token
-    by token, so ``identical_output_rate`` is None; speeds and acceptance still are. Methods in
-    ``LOSSY_METHODS`` are listed under ``meta["lossy_methods"]`` and marked "(lossy)" in the table.
+    by token, so ``identical_output_rate`` is None; speeds and acceptance still are. Lossy methods
+    (the registry's ``Method.lossy``) are listed under ``meta["lossy_methods"]`` and marked "(lossy)".
     """
     gen = {"temperature": temperature, "seed": seed}
     pipes, skipped = {}, {}
@@ -171,7 +171,7 @@ def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: in
     results = {m: {c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids], temperature == 0)
                    for c, ids in groups.items()} for m in pipes}
     info = {"methods": list(pipes), "k": k, "max_new_tokens": max_new_tokens, "temperature": temperature,
-            "seed": seed, "lossy_methods": [m for m in pipes if m in LOSSY_METHODS],
+            "seed": seed, "lossy_methods": [m for m in pipes if METHODS[m].lossy],
             "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": versions(),
             **(meta or {})}

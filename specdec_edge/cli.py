@@ -13,6 +13,7 @@ import click
 
 from specdec_edge import __version__
 from specdec_edge.errors import SpecdecError
+from specdec_edge.speculative.methods import METHODS, available_methods, head_default_choices
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -50,7 +51,7 @@ def main():
               help="Also output the last hidden states (for EAGLE/Medusa heads).")
 @click.option("--heads", "heads", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="A trained heads folder from `train-draft` (repeatable: eagle and medusa); implies --hidden-states.")
-@click.option("--heads-default", type=click.Choice(["pld-eagle", "eagle", "medusa"]), default=None,
+@click.option("--heads-default", type=click.Choice(head_default_choices()), default=None,
               help="Method the bundle runs when none is asked for. Default: pld-eagle with EAGLE heads (prompt lookup "
                    "where text repeats, else EAGLE: the fastest measured on a CPU), else medusa.")
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
@@ -127,7 +128,9 @@ def info(bundle, as_json):
     """
     from specdec_edge.bundle import manifest_summary, read_manifest
 
-    summary = manifest_summary(read_manifest(bundle))
+    manifest = read_manifest(bundle)
+    summary = manifest_summary(manifest)
+    summary["methods"] = available_methods(manifest.draft is not None, manifest.heads or {})
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -151,6 +154,7 @@ def info(bundle, as_json):
                    f"max rel err vs PyTorch {h['max_rel_err']:.1e}")
     if summary["default_method"]:
         click.echo(f"  default method: {summary['default_method']}")
+    click.echo(f"  methods: {', '.join(summary['methods'])}")
     click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {'yes' if summary['chat_template'] else 'no'}")
     click.echo(f"  {summary['files']} files, {summary['total_bytes'] / 1e6:.1f} MB")
 
@@ -193,7 +197,7 @@ def build_engines(bundle, backends, max_verify, hardware_compatible):
       specdec-edge build-engines bundles/trt
       specdec-edge generate bundles/trt --provider tensorrt --prompt "Hello"
     """
-    from specdec_edge.export.trt_build import build_engines as run
+    from specdec_edge.export.build_engines import build_engines as run
 
     folder = run(bundle, backends=backends or ("trt", "tensorrt"), max_verify=max_verify,
                  hardware_compatible=hardware_compatible, echo=click.echo)
@@ -202,7 +206,9 @@ def build_engines(bundle, backends, max_verify, hardware_compatible):
 
 @main.command(context_settings=CONTEXT)
 @click.option("--prompt", default=None, help="Your own prompt (default: a Spec-Bench summarization task).")
-@click.option("--method", type=click.Choice(["pld-eagle", "pld", "eagle", "lookahead"]), default=None,
+@click.option("--method", type=click.Choice([m.name for m in METHODS.values()
+                                             if m.speculative and not m.lossy and set(m.needs) <= {"eagle"}]),
+              default=None,
               help="Speculative method to compare with plain decoding. Default: the bundle's (pld-eagle: prompt "
                    "lookup where text repeats, else the shipped EAGLE head; pld for --dtype int8/int4).")
 @click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True, help="Speculation length (the setting docs/PERFORMANCE.md measures).")

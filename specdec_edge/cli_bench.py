@@ -6,13 +6,15 @@ import json
 
 import click
 
+from specdec_edge.speculative.methods import METHODS, options_help
+
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("bundle", type=click.Path())
 @click.option("--methods", default="plain,pld,draft", show_default=True,
-              help="Comma-separated methods (any of `generate --method`); plain always runs as the "
+              help=f"Comma-separated methods ({', '.join(METHODS)}); plain always runs as the "
                    "baseline. Methods the bundle cannot run are skipped with a message.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Spec-Bench style JSONL (question_id, category, turns). Default: the packaged Spec-Bench copy.")
@@ -29,7 +31,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
                    "(speed and acceptance only), e.g. to measure medusa-typical.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed of every call (--temperature > 0).")
 @click.option("-o", "--option", "options", multiple=True, metavar="METHOD.KEY=VALUE",
-              help="Method option, repeatable: pld.max_ngram=4, lookahead.window=5, lookahead.guesses=2 ...")
+              help=f"Method option, repeatable, e.g. pld.max_ngram=4, lookahead.window=5 ({options_help()}).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
 @click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,

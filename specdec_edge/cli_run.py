@@ -7,6 +7,8 @@ import json
 import click
 
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import BACKENDS
+from specdec_edge.speculative.methods import METHODS, options_help
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -15,15 +17,9 @@ def generation_options(f):
     """The options shared by `chat` and `generate`."""
     options = [
         click.argument("bundle", type=click.Path()),
-        click.option("--method", type=click.Choice(["draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical",
-                                                   "pld-eagle", "plain"]),
-                     default=None,
-                     help="draft: the bundle's draft model proposes (default when it has one); "
-                          "pld: prompt lookup, proposes continuations of n-grams seen earlier; lookahead: Jacobi guesses "
-                          "+ n-gram pool, verified as a tree; eagle/medusa: trained heads of the bundle (train-draft) "
-                          "propose a token tree; pld-eagle: prompt lookup where a 2+ token n-gram repeats, else eagle; "
-                          "medusa-typical: medusa with typical acceptance, LOSSY when sampling "
-                          "(-o epsilon=0.09 -o delta=0.3); plain: the target alone."),
+        click.option("--method", type=click.Choice(list(METHODS)), default=None,
+                     help="Default: the bundle's own (its heads' method, else draft when it has a draft model, else "
+                          "plain). " + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
         click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
                      help="Speculation length: draft tokens verified per target pass."),
         click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
@@ -37,8 +33,8 @@ def generation_options(f):
         click.option("--allow-inexact", is_flag=True,
                      help="Allow speculation on int8/int4 bundles, where batched verification can change the output."),
         click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
-                     help="Method option, repeatable (pld: max_ngram, min_ngram; lookahead: window, ngram, guesses)."),
-        click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt", "trt"]), default="cpu", show_default=True,
+                     help=f"Method option, repeatable ({options_help()}); see the README's methods table."),
+        click.option("--provider", type=click.Choice(list(BACKENDS)), default="cpu", show_default=True,
                      help="cpu; cuda or tensorrt: ONNX Runtime GPU providers (onnxruntime-gpu); trt: TensorRT engines "
                           "built by `build-engines`."),
     ]

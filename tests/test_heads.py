@@ -18,7 +18,8 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.export.heads import TREE_SETTINGS
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
-from specdec_edge.speculative.heads import MEDUSA_TREE, FeatureTap, MedusaProposer
+from specdec_edge.speculative.features import FeatureTap
+from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import path_to, tree_inputs
@@ -162,7 +163,7 @@ def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
     from specdec_edge.bench import BenchPrompt, run_bench, to_markdown
 
     typical = plain.with_method("medusa-typical", k=4, epsilon=0.2, delta=0.5)
-    assert typical.typical == {"epsilon": 0.2, "delta": 0.5}
+    assert (typical.rule.epsilon, typical.rule.delta, typical.rule.lossy) == (0.2, 0.5, True)
     assert_greedy_equals_plain(plain, typical)  # typical acceptance applies when sampling only (as in Medusa)
     prompts = [BenchPrompt(1, "chat", ["the quick brown fox"])]
     report = run_bench(plain, ["plain", "medusa", "medusa-typical"], prompts, max_new_tokens=12, progress=False,
@@ -174,14 +175,14 @@ def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
 
 
 def test_eagle_options_are_checked(plain):
-    for bad in ({"nodes": "abc"}, {"topk": 0}, {"depth": 1.5}, {"topk": 99}):
-        with pytest.raises(SpecdecError, match="EAGLE"):
+    for bad in ({"nodes": "abc"}, {"topk": 0}, {"depth": 1.5}, {"topk": 99}, {"width": 2}):
+        with pytest.raises(SpecdecError, match="bad option for method 'eagle'|EAGLE needs"):
             plain.with_method("eagle", **bad)
 
 
 def test_medusa_typical_options_are_checked(plain):
     for bad in ({"epsilon": "abc"}, {"delta": 0}, {"epsilon": -1}):
-        with pytest.raises(SpecdecError, match="medusa-typical option"):
+        with pytest.raises(SpecdecError, match="bad option for method 'medusa-typical'.*number > 0"):
             plain.with_method("medusa-typical", **bad)
 
 
@@ -218,7 +219,7 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
     firsts, accepted = [], 0
     for seed in range(1500):
         stats = Stats()
-        chunk = next(decode(pipe.proposer.tap, pipe.proposer, ids, max_new_tokens=2, params=params, k=4,
+        chunk = next(decode(pipe.engine, pipe.proposer, ids, max_new_tokens=2, params=params, k=4,
                             rng=make_rng(seed), stats=stats))
         firsts.append(chunk.tokens[0])
         accepted += stats.accepted
@@ -241,7 +242,7 @@ def test_tree_pass_equals_sequential_branches_and_tap_follows_compaction(plain):
     """An EAGLE tree in one target pass vs each branch run as a chain; then commit a branch."""
     pipe = plain.with_method("eagle", k=4, topk=3, nodes=12)
     prompt = pipe.encode("the quick brown fox jumps over")
-    tap = pipe.proposer.tap
+    tap = pipe.engine
     prefill(tap, prompt[:-1])
     pipe.proposer.prefill(prompt, None, None)
     proposal = pipe.proposer.propose(prompt, 4)

@@ -17,7 +17,7 @@ import pytest
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime import OrtEngine
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
-from specdec_edge.speculative import loop
+from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
 from specdec_edge.speculative.stats import Stats
@@ -121,11 +121,15 @@ def test_seeded_sampling_is_reproducible(pair):
     assert runs[0] == runs[1]
 
 
-def _wrong_accept_sampling(draft_tokens, draft_probs, target_probs, rng):
-    return len(draft_tokens), sample(target_probs[len(draft_tokens)], rng)  # always accepts the draft
+class AlwaysAccept(AcceptanceRule):
+    """A deliberately wrong rule: keeps every draft token, then samples the target after them."""
+
+    def __call__(self, proposal, logits, params, rng):
+        n = len(proposal.tokens)
+        return np.arange(n), sample(probs_from_logits(logits, params)[n], rng)
 
 
-def _first_token_chi2(pair, n=20_000):
+def _first_token_chi2(pair, n=20_000, rule=EXACT):
     """Chi-square of n first tokens sampled through the whole loop (k=2) against the target's probs."""
     target, draft = pair
     params = SamplingParams(temperature=0.8, top_k=40)
@@ -135,7 +139,7 @@ def _first_token_chi2(pair, n=20_000):
     proposer, rng = DraftModelProposer(draft), np.random.default_rng(0)
     counts = np.zeros_like(p)
     for _ in range(n):
-        chunk = next(decode(target, proposer, prompt, max_new_tokens=3, params=params, k=2, rng=rng))
+        chunk = next(decode(target, proposer, prompt, max_new_tokens=3, params=params, k=2, rng=rng, rule=rule))
         counts[chunk.tokens[0]] += 1
     if counts[p == 0].sum():
         return np.inf, 1.0
@@ -156,9 +160,8 @@ def test_speculative_sampling_keeps_target_distribution(pair):
     assert stat < crit
 
 
-def test_wrong_rule_fails_the_same_test(pair, monkeypatch):
-    monkeypatch.setattr(loop, "accept_sampling", _wrong_accept_sampling)
-    stat, crit = _first_token_chi2(pair)
+def test_wrong_rule_fails_the_same_test(pair):
+    stat, crit = _first_token_chi2(pair, rule=AlwaysAccept())
     assert stat > crit
 
 
@@ -190,3 +193,20 @@ def check_against_fresh(fresh, context, proposal, params):
         assert proposal.tokens.tolist() == np.argmax(logits, axis=-1).tolist()
     else:
         np.testing.assert_allclose(proposal.probs, probs_from_logits(logits, params), atol=1e-5)
+
+
+def test_near_ties_counts_close_top2_and_leaves_the_logits_untouched():
+    from specdec_edge.speculative.loop import NEAR_TIE, near_ties
+
+    logits = np.array([[0.0, 5.0, 5.0 - NEAR_TIE / 2, 1.0],   # a near tie
+                       [9.0, 1.0, 2.0, 3.0],                   # clear winner
+                       [2.0, 2.0 - NEAR_TIE / 4, 0.0, 0.0],    # the closest tie
+                       [3.0, 3.0 - 2 * NEAR_TIE, 0.0, 0.0]], dtype=np.float32)  # just outside
+    before = logits.copy()
+    count, gap = near_ties(logits)
+    assert count == 2 and gap == pytest.approx(NEAR_TIE / 4, rel=1e-3)
+    np.testing.assert_array_equal(logits, before)  # the top entry is masked in place and restored
+    assert near_ties(logits, rows=[1, 3]) == (0, 0.0)
+    assert near_ties(logits, rows=[0])[0] == 1
+    np.testing.assert_array_equal(logits, before)
+    assert near_ties(np.zeros((2, 1), np.float32)) == (0, 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_edge import Pipeline
+from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import accept_tree_greedy, accept_tree_sampling
 from specdec_edge.speculative.lookup import PromptLookupProposer, lookup
@@ -70,6 +70,39 @@ def test_lookahead_sampling_is_seeded_and_valid(plain):
     assert a.token_ids == b.token_ids and a.stats.steps > 0
 
 
+def test_lookahead_sampling_keeps_the_target_distribution(plain):
+    """First emitted token over many seeds vs the target's exact top-8 distribution (chi-square, df 7).
+
+    The pool is seeded with n-grams that start with the pending token and continue with each of the
+    target's likely next tokens, so the tree's first level holds several candidates the rule must weigh."""
+    from specdec_edge.sampling import probs_from_logits
+    from specdec_edge.speculative.loop import prefill
+
+    params = SamplingParams(temperature=1.0, top_k=8)
+    ids = plain.encode("the quick brown fox jumps over")
+    prefill(plain.target, ids[:-1])
+    p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
+    support = np.flatnonzero(p)
+    # The prompt repeats (pending, x) for the likely x: lookahead's pool proposes them as siblings.
+    prompt = ids + [t for x in support[:4] for t in (ids[-1], int(x), 7)] + [ids[-1]]
+    prefill(plain.target, prompt[:-1])
+    p = probs_from_logits(plain.target.run(prompt[-1:]).logits, params)[0]
+    support = np.flatnonzero(p)
+    pipe = plain.with_method("lookahead", k=3, window=2, ngram=3, guesses=4)
+    firsts, accepted = [], 0
+    for seed in range(1500):
+        stats = Stats()
+        step = next(decode(pipe.engine, pipe.proposer, prompt, max_new_tokens=2, params=params, k=3,
+                           rng=make_rng(seed), stats=stats))
+        firsts.append(step.tokens[0])
+        accepted += stats.accepted
+    counts = np.array([firsts.count(t) for t in support])
+    assert counts.sum() == len(firsts) and len(support) == 8
+    expected = p[support] * len(firsts)
+    assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_CRIT_DF7_P001
+    assert accepted > 100, f"lookahead's tree was accepted {accepted} times: the test would prove little"
+
+
 # ---- prompt lookup on constructed sequences
 
 
@@ -103,7 +136,7 @@ def test_prompt_lookup_proposer_follows_the_context():
     assert prop.propose([1, 2, 3, 4, 1, 2, 9, 8], 3).tokens.tolist() == []  # 8 occurs only at the tail
     prop.commit([1, 2, 3, 4, 1, 2, 9, 8, 2])
     assert prop.propose([1, 2, 3, 4, 1, 2, 9, 8, 2], 3).tokens.tolist() == [9, 8, 2]  # latest 2 came before 9
-    with pytest.raises(ValueError):
+    with pytest.raises(SpecdecError, match="min_ngram <= max_ngram"):
         PromptLookupProposer(max_ngram=1, min_ngram=2)
 
 

@@ -116,12 +116,22 @@ def test_threads_share_one_pipeline(pipe):
     assert all(ids == expected[p] for p, ids in results)
 
 
-def test_stats_as_dict(pipe):
-    d = pipe.generate("The quick", max_new_tokens=12).stats.as_dict()
-    for key in ("steps", "proposed", "accepted", "accepted_lengths", "tokens_per_pass", "acceptance_rate",
-                "tokens_per_s", "prefill_s", "draft_s", "verify_s", "other_s"):
-        assert key in d
+def test_stats_as_dict(pipe, plain):
+    result = pipe.generate("The quick", max_new_tokens=12)
+    d = result.stats.as_dict()
+    assert d["new_tokens"] == 12 and d["prompt_tokens"] == len(pipe.encode("The quick"))
+    assert 1 <= d["steps"] <= 12 and 0 <= d["accepted"] <= d["proposed"] <= pipe.k * d["steps"]
     assert sum(d["accepted_lengths"].values()) == d["steps"]
+    assert sum(int(n) * c for n, c in d["accepted_lengths"].items()) == d["accepted"]
+    assert d["new_tokens"] == d["accepted"] + d["steps"]  # each pass: its accepted drafts + the target's token
+    assert d["tokens_per_pass"] == pytest.approx(12 / d["steps"])
+    assert d["acceptance_rate"] == pytest.approx(d["accepted"] / d["proposed"])
+    assert all(d[key] >= 0 for key in ("prefill_s", "draft_s", "verify_s", "other_s"))
+    assert d["draft_s"] + d["verify_s"] + d["other_s"] == pytest.approx(d["decode_s"], abs=1e-6)
+    assert d["prefill_s"] + d["decode_s"] == pytest.approx(d["total_s"])
+    assert d["tokens_per_s"] == pytest.approx(12 / d["total_s"])
+    ref = plain.generate("The quick", max_new_tokens=12).stats.as_dict()
+    assert (ref["steps"], ref["proposed"], ref["accepted"], ref["tokens_per_pass"]) == (12, 0, 0, 1.0)
 
 
 def test_stop_string_gives_the_same_tokens_with_and_without_speculation(tiny_self_bundle):

@@ -82,7 +82,7 @@ def generate_data(bundle: Path, texts: list[str], folder: Path, *, answer_tokens
     from tqdm import tqdm
 
     from specdec_edge.pipeline import Pipeline
-    from specdec_edge.speculative.heads import FeatureTap
+    from specdec_edge.speculative.features import FeatureTap
     from specdec_edge.speculative.lookup import PromptLookupProposer
     from specdec_edge.speculative.loop import decode
 

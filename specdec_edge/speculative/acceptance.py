@@ -1,9 +1,19 @@
-"""Acceptance rules for a chain of draft tokens, in pure numpy.
+"""Acceptance rules, in pure numpy: which draft tokens a step keeps, and the target's token after them.
 
-Greedy: keep the longest prefix of the draft that matches the target's argmax, then
-emit the target's own token at the first mismatch (or the bonus token after a full
-match). Sampling: exact rejection sampling (Leviathan et al. 2023, Chen et al. 2023),
-whose output has exactly the target's distribution whatever the draft proposes.
+Glossary (one step verifies ``[pending] + draft tokens`` in one target pass):
+
+* accepted tokens: the draft tokens the rule keeps -- a prefix of a chain, or one root-down
+  branch of a tree (the *path*);
+* correction token: the target's own token at the first rejected position (greedy: its argmax
+  there; sampling: drawn from the residual ``norm(max(0, p - q))``);
+* bonus token: the target's own token after a fully accepted proposal (drawn from p, or its
+  argmax, after the last draft token).
+
+A step emits the accepted tokens plus one correction or bonus token, which becomes the next
+pending token. Greedy keeps the longest prefix (or branch) that matches the target's argmax.
+Sampling is exact rejection sampling (Leviathan et al. 2023, Chen et al. 2023), whose output
+has exactly the target's distribution whatever the draft proposes; trees use its recursive form
+over siblings. ``ExactAcceptance`` applies these; ``TypicalAcceptance`` is Medusa's lossy rule.
 
 Shapes: ``draft_tokens`` [k]; ``draft_probs`` (q) [k, V]; ``target_logits`` /
 ``target_probs`` (p) [k+1, V], where row i is the target's prediction after the prefix
@@ -12,10 +22,13 @@ plus ``draft_tokens[:i]``. ``k`` may be 0 (plain decoding).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.sampling import sample
+from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
+from specdec_edge.speculative.proposal import Proposal
 from specdec_edge.speculative.tree import path_to
 
 
@@ -171,3 +184,66 @@ def accept_tree_typical(tokens: np.ndarray, parents: np.ndarray, target_probs: n
     rows = parents + 1
     path = deepest_branch(parents, p[rows, tokens] > threshold[rows])
     return path, sample(p[path[-1] + 1 if len(path) else 0], rng)
+
+
+class AcceptanceRule(ABC):
+    """Decides, for one verified proposal, the accepted path and the target's next token.
+
+    The decode loop takes one rule object; a method's registry record says which (``methods.py``).
+    """
+
+    lossy = False  # True: sampling no longer follows the target's distribution (greedy stays exact)
+
+    @abstractmethod
+    def __call__(self, proposal: Proposal, logits: np.ndarray, params: SamplingParams,
+                 rng: np.random.Generator) -> tuple[np.ndarray, int]:
+        """Args:
+            proposal: the verified draft (chain or tree) of m tokens.
+            logits: [1+m, V] target logits; row 0 follows the pending token, row 1+i follows node i.
+            params: sampling parameters (greedy when temperature is 0).
+            rng: the generation's random generator.
+        Returns:
+            ``(path, next_token)``: the accepted nodes (indices into the proposal, root first) and
+            the correction or bonus token.
+        """
+
+
+class ExactAcceptance(AcceptanceRule):
+    """The exact rules: greedy prefix/branch match, or rejection sampling (chains and trees)."""
+
+    def __call__(self, proposal, logits, params, rng):
+        tokens = np.asarray(proposal.tokens, dtype=np.int64)
+        if proposal.parents is not None:
+            if params.greedy:
+                return accept_tree_greedy(tokens, proposal.parents, logits)
+            return accept_tree_sampling(tokens, proposal.parents, probs_from_logits(logits, params), rng)
+        if params.greedy:
+            n, token = accept_greedy(tokens, logits)
+            return np.arange(n), token
+        p = probs_from_logits(logits, params)
+        q = proposal.probs
+        if q is None:  # a deterministic proposer drew each token with probability 1
+            q = np.zeros((len(tokens), logits.shape[-1]))
+            q[np.arange(len(tokens)), tokens] = 1.0
+        n, token = accept_sampling(tokens, q, p, rng)
+        return np.arange(n), token
+
+
+EXACT = ExactAcceptance()
+
+
+class TypicalAcceptance(AcceptanceRule):
+    """Medusa's typical acceptance when sampling (LOSSY, see ``accept_tree_typical``); greedy stays exact."""
+
+    lossy = True
+
+    def __init__(self, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA):
+        self.epsilon, self.delta = epsilon, delta
+
+    def __call__(self, proposal, logits, params, rng):
+        if params.greedy:
+            return EXACT(proposal, logits, params, rng)
+        tokens = np.asarray(proposal.tokens, dtype=np.int64)
+        parents = proposal.parents if proposal.parents is not None else np.arange(len(tokens)) - 1
+        return accept_tree_typical(tokens, parents, probs_from_logits(logits, params), rng, self.epsilon,
+                                   self.delta)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
@@ -25,7 +26,8 @@ class LookaheadProposer(Proposer):
     def __init__(self, window: int = 4, ngram: int = 3, guesses: int = 4, prompt_ngrams: bool = True,
                  seed: int = 0):
         if window < 1 or ngram < 2 or guesses < 0:
-            raise ValueError(f"need window >= 1, ngram >= 2, guesses >= 0; got {window}, {ngram}, {guesses}")
+            raise SpecdecError(f"lookahead needs window >= 1, ngram >= 2 and guesses >= 0; got window={window}, "
+                               f"ngram={ngram}, guesses={guesses}.")
         self.window, self.ngram, self.guesses = window, ngram, guesses
         self.prompt_ngrams = prompt_ngrams
         self.seed = seed

@@ -23,27 +23,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
-from specdec_edge.speculative.acceptance import (accept_greedy, accept_sampling, accept_tree_greedy,
-                                                 accept_tree_sampling, accept_tree_typical)
-from specdec_edge.speculative.proposal import EMPTY, Proposal
+from specdec_edge.runtime.base import PREFILL_CHUNK, Engine
+from specdec_edge.sampling import SamplingParams, make_rng
+from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import tree_inputs
 
 log = logging.getLogger("specdec_edge")
-PREFILL_CHUNK = 256
 NEAR_TIE = 1e-3  # greedy: a top-2 logit gap below this may flip between a k-token and a 1-token pass
 
 
 @dataclass(frozen=True)
-class Chunk:
-    """What one step emits: the accepted tokens, and why generation ended (None while it goes on)."""
+class Emitted:
+    """What one step emits: the accepted tokens and the target's own, and why generation ended
+    (None while it goes on)."""
 
     tokens: list[int]
     finish_reason: str | None = None  # "eos" | "length" | "cancelled"
 
 
-def prefill(engine, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> None:
+def prefill(engine: Engine, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> None:
     """Reset ``engine`` and commit ``tokens`` to its cache, ``chunk`` tokens per pass."""
     engine.reset()
     for start in range(0, len(tokens), chunk):
@@ -53,8 +53,8 @@ def prefill(engine, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> None:
 
 
 def decode(
-    target,
-    proposer,
+    target: Engine,
+    proposer: Proposer,
     prompt: Sequence[int],
     *,
     max_new_tokens: int,
@@ -64,12 +64,12 @@ def decode(
     rng: np.random.Generator | None = None,
     stats: Stats | None = None,
     cancel: threading.Event | None = None,
-    typical: dict | None = None,
-) -> Iterator[Chunk]:
+    rule: AcceptanceRule = EXACT,
+) -> Iterator[Emitted]:
     """Generate up to ``max_new_tokens`` after ``prompt``, yielding the tokens of each step.
 
-    ``typical``: use Medusa's typical acceptance with these ``epsilon``/``delta`` when sampling
-    (lossy: see ``acceptance.accept_tree_typical``); None (default) keeps the exact rules.
+    ``k`` is the deepest proposal a step may verify; ``rule`` decides what is accepted (default:
+    the exact rules; see ``acceptance.py``).
 
     Stops after an eos token (emitted, and nothing after it), at ``max_new_tokens`` (a
     proposal is cut to what is left), or when ``cancel`` is set; closing the generator
@@ -91,7 +91,7 @@ def decode(
 
     while True:
         if cancel is not None and cancel.is_set():
-            yield Chunk([], "cancelled")
+            yield Emitted([], "cancelled")
             return
         left = max_new_tokens - stats.new_tokens
         t0 = time.perf_counter()
@@ -101,7 +101,7 @@ def decode(
         t1 = time.perf_counter()
         logits, hidden = verify(target, context[-1], proposal)
         t2 = time.perf_counter()
-        path, token = accept(proposal, logits, params, rng, typical)  # path: accepted nodes, indices into the proposal
+        path, token = rule(proposal, logits, params, rng)  # path: accepted nodes, indices into the proposal
         n = len(path)
         proposer.observe(proposal, logits, hidden)
         emitted = [*map(int, proposal.tokens[path]), token]
@@ -133,12 +133,12 @@ def decode(
         stats.draft_s += (t1 - t0) + (t4 - t3)
         stats.verify_s += t2 - t1
         stats.total_s = t4 - start
-        yield Chunk(emitted, finish)
+        yield Emitted(emitted, finish)
         if finish is not None:
             return
 
 
-def verify(target, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.ndarray | None]:
+def verify(target: Engine, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.ndarray | None]:
     """One target pass over ``[pending] + proposal.tokens``.
 
     Returns the logits ``[1+m, V]`` and, when the graph has them, the hidden states ``[1+m, H]``
@@ -153,35 +153,6 @@ def verify(target, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.nda
         out = target.run(ids, positions, bias)
     hidden = None if out.hidden_states is None else np.asarray(out.hidden_states, dtype=np.float32)
     return np.asarray(out.logits, dtype=np.float32), hidden
-
-
-def accept(proposal: Proposal, logits: np.ndarray, params: SamplingParams,
-           rng: np.random.Generator, typical: dict | None = None) -> tuple[np.ndarray, int]:
-    """``(path, next_token)``: the accepted proposal nodes (indices, root first) and the target's token after them.
-
-    Chains: greedy prefix match, or exact rejection sampling on ``params``' probabilities.
-    Trees: the deepest node whose whole branch matches the target's greedy choices, or
-    recursive rejection sampling over each node's (deterministic) children.
-    ``typical`` (sampling only; greedy stays exact, as in Medusa): lossy typical acceptance.
-    """
-    tokens = np.asarray(proposal.tokens, dtype=np.int64)
-    if typical is not None and not params.greedy:
-        parents = proposal.parents if proposal.parents is not None else np.arange(len(tokens)) - 1
-        return accept_tree_typical(tokens, parents, probs_from_logits(logits, params), rng, **typical)
-    if proposal.parents is not None:
-        if params.greedy:
-            return accept_tree_greedy(tokens, proposal.parents, logits)
-        return accept_tree_sampling(tokens, proposal.parents, probs_from_logits(logits, params), rng)
-    if params.greedy:
-        n, token = accept_greedy(tokens, logits)
-        return np.arange(n), token
-    p = probs_from_logits(logits, params)
-    q = proposal.probs
-    if q is None:  # a deterministic proposer drew each token with probability 1
-        q = np.zeros((len(tokens), logits.shape[-1]))
-        q[np.arange(len(tokens)), tokens] = 1.0
-    n, token = accept_sampling(tokens, q, p, rng)
-    return np.arange(n), token
 
 
 def near_ties(logits: np.ndarray, rows=None) -> tuple[int, float]:

@@ -1,12 +1,8 @@
-"""What a proposer hands the decode loop, and the proposer protocol.
+"""What a proposer hands the decode loop (``Proposal``), and the proposer contract (``Proposer``).
 
-A proposer keeps whatever state it needs across the steps of one generation::
-
-    prefill(prompt, params, rng)      start a generation (the prompt's last token is pending)
-    propose(context, k) -> Proposal   tokens to verify after ``context`` (at most k deep)
-    observe(proposal, logits, hidden) the target's logits (and hidden states, if the graph has them)
-                                      for [pending] + proposal: lookahead and feature-based heads learn here
-    commit(context)                   the context after acceptance: drop what was rejected
+A proposer guesses the tokens that follow the context; the loop verifies the guess in one
+target pass and keeps what the exact acceptance rule accepts. Every method is a proposer
+(``speculative/methods.py`` lists them); plain decoding is the one that proposes nothing.
 
 ``Proposal.parents`` makes the tokens a tree: node i's parent among the proposal's nodes,
 -1 for a child of the pending token, parents before children. ``None`` means a chain.
@@ -16,9 +12,13 @@ exact rejection sampling; ``None`` means the tokens were chosen deterministicall
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from specdec_edge.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -31,17 +31,47 @@ class Proposal:
 EMPTY = Proposal(np.zeros(0, dtype=np.int64))
 
 
-class Proposer:
-    """Base with the optional steps as no-ops; subclasses implement ``propose``."""
+class Proposer(ABC):
+    """Proposes draft tokens for the decode loop and keeps whatever state it needs across steps.
 
-    def prefill(self, prompt, params, rng) -> None:
-        pass
+    One generation calls ``prefill`` once, then per step ``propose`` -> (target pass) ->
+    ``observe`` -> ``commit``. ``context`` is always prompt + every emitted token; its last
+    token is the *pending* one, whose K/V the target has not committed yet. Only ``propose``
+    is required; the other steps default to doing nothing.
+    """
 
-    def propose(self, context, k: int) -> Proposal:
-        raise NotImplementedError
+    def prefill(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+        """Start a generation after ``prompt`` (its last token is pending).
+
+        Args:
+            prompt: the prompt's token ids.
+            params: the sampling parameters of this generation (greedy or not, temperature, ...).
+            rng: the generation's random generator (for proposers that sample their drafts).
+        """
+
+    @abstractmethod
+    def propose(self, context: Sequence[int], k: int) -> Proposal:
+        """Draft tokens to verify after ``context``.
+
+        Args:
+            context: prompt + emitted tokens; the last one is pending.
+            k: how far to propose: a chain of at most k tokens, a tree at most k deep (lookahead's
+               Jacobi window keeps its own shape); 0 or less means propose nothing. The loop cuts
+               emitted tokens to the length limit, so a deeper proposal is never wrong, only wasted.
+        Returns:
+            A ``Proposal`` (``EMPTY`` for none: the step becomes a plain one).
+        """
 
     def observe(self, proposal: Proposal, logits: np.ndarray, hidden: np.ndarray | None = None) -> None:
-        pass
+        """See the target's verdict on the proposal the loop verified (it may be ``EMPTY``).
 
-    def commit(self, context) -> None:
-        pass
+        Args:
+            proposal: what was verified this step (not always the last ``propose`` result: the loop
+                verifies ``EMPTY`` when the cache has no room).
+            logits: [1+m, V] target logits for [pending] + proposal tokens.
+            hidden: [1+m, H] target hidden states, when the graph outputs them.
+        """
+
+    def commit(self, context: Sequence[int]) -> None:
+        """The context after acceptance (it grew by the accepted tokens and the target's own): drop
+        what was rejected."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec_edge.runtime.base import Engine
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.loop import prefill
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
@@ -29,7 +30,7 @@ class DraftModelProposer(Proposer):
     the cache back to the longest prefix of ``seen`` that the accepted context confirms.
     """
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self.seen: list[int] = []
         self.confirmed = 0  # seen[:confirmed] is known to be a prefix of the context
@@ -78,15 +79,12 @@ class FirstOfProposer(Proposer):
     """``first``'s proposal when it has one, else ``second``'s (e.g. prompt lookup, else EAGLE).
 
     Both see every step (prefill, observe, commit), so either can take over at any step; each
-    step is verified and accepted by the exact rules, whichever proposed it. ``tap`` is
-    ``second``'s, for proposers that read the target's features.
+    step is verified and accepted by the exact rules, whichever proposed it.
     """
 
     def __init__(self, first: Proposer, second: Proposer):
         self.first, self.second = first, second
-        if hasattr(second, "tap"):
-            self.tap = second.tap
-        self.uses = {"first": 0, "second": 0}  # steps each proposed (for reports)
+        self.steps_proposed = {"first": 0, "second": 0}  # steps whose proposal each one made (for reports)
 
     def prefill(self, prompt, params, rng) -> None:
         self.first.prefill(prompt, params, rng)
@@ -95,9 +93,9 @@ class FirstOfProposer(Proposer):
     def propose(self, context, k) -> Proposal:
         proposal = self.first.propose(context, k)
         if len(proposal.tokens):
-            self.uses["first"] += 1
+            self.steps_proposed["first"] += 1
             return proposal
-        self.uses["second"] += 1
+        self.steps_proposed["second"] += 1
         return self.second.propose(context, k)
 
     def observe(self, proposal: Proposal, logits: np.ndarray, hidden: np.ndarray | None = None) -> None:

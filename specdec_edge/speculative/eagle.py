@@ -1,0 +1,108 @@
+"""The EAGLE head at run time: its own small KV cache, and an EAGLE-2 style dynamic tree.
+
+Head slot i reads ``(f[i], context[i+1])`` -- the target's feature of token i and the token
+after it -- and predicts ``f[i+1]``; its own small KV cache holds the slots of the committed
+context. Each step first feeds the new true features, then grows a tree: at each depth the
+``topk`` most confident nodes (cumulative draft log-probability) are run through the head in
+one pass with a tree mask, each gets ``topk`` children; finally the ``nodes`` best nodes form
+the proposal. The tree is deterministic, so the loop verifies it exactly. Light: numpy and
+onnxruntime only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import causal_bias
+from specdec_edge.speculative.features import FeatureTap
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
+from specdec_edge.speculative.tree import path_to
+
+if TYPE_CHECKING:  # only for type hints: the head sessions live in runtime/
+    from specdec_edge.runtime.head_graphs import HeadGraph
+
+
+class EagleProposer(Proposer):
+    """EAGLE head with its own KV cache; EAGLE-2 style dynamic tree by draft confidence."""
+
+    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 5, depth: int | None = None):
+        for name, value in (("topk", topk), ("nodes", nodes), ("depth", depth)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise SpecdecError(f"EAGLE option {name}={value!r} is invalid: use an integer.")
+        if not 1 <= topk <= graph.top_k or nodes < 1 or (depth is not None and depth < 1):
+            raise SpecdecError(f"EAGLE needs 1 <= topk <= {graph.top_k}, nodes >= 1 and depth >= 1; "
+                               f"got topk={topk}, nodes={nodes}, depth={depth}.")
+        self.graph, self.tap, self.topk, self.nodes, self.depth = graph, tap, topk, nodes, depth
+        c = graph.config
+        capacity = tap.capacity + 1 + 64 * topk  # committed slots + the scratch slots of one tree
+        self.keys = np.zeros((1, capacity, c["num_kv_heads"], c["head_dim"]), dtype=np.float32)  # BSNH
+        self.values = np.zeros_like(self.keys)
+        self.length = 0  # head slots 0..length-1 hold (f[i], context[i+1]) with true features
+
+    def prefill(self, prompt, params, rng) -> None:
+        self.length = 0
+
+    def _run(self, features, ids, positions, bias, rows):
+        """One head pass; the new K/V land in slots past..past+S-1 (past = bias width - S)."""
+        past = bias.shape[-1] - len(ids)
+        hidden, logp, top, key, value = self.graph.run(
+            features=np.ascontiguousarray(features[None], dtype=np.float32), input_ids=np.asarray(ids, np.int64)[None],
+            position_ids=np.asarray(positions, np.int64)[None], past_key=self.keys[:, :past],
+            past_value=self.values[:, :past], attention_bias=bias, logit_rows=np.asarray(rows, np.int64))
+        self.keys[:, past : past + len(ids)] = key  # contiguous prefix slices: nothing is copied to run
+        self.values[:, past : past + len(ids)] = value
+        return hidden[0], logp, top
+
+    def propose(self, context, k) -> Proposal:
+        n = len(context)
+        if k <= 0 or n < 2 or self.tap.length != n - 1:
+            return EMPTY
+        # 1. Feed the true features not yet in the head cache: slots length..n-2.
+        start = self.length
+        hidden, logp, top = self._run(self.tap.features[start : n - 1], context[start + 1 : n], np.arange(start, n - 1),
+                                      causal_bias(start, n - 1 - start), [n - 2 - start])
+        self.length = n - 1
+        # 2. Grow the tree: node = (token, parent, score, depth, input feature); expanded nodes get a slot.
+        tokens, parents, scores, depths, feats = [], [], [], [], []
+
+        def add_children(parent, depth, base, feat, lp, ids):
+            for j in range(self.topk):
+                tokens.append(int(ids[j]))
+                parents.append(parent)
+                scores.append(base + float(lp[j]))
+                depths.append(depth)
+                feats.append(feat)
+
+        add_children(-1, 1, 0.0, hidden[-1], logp[0], top[0])
+        slot = {}  # expanded node -> head slot
+        for depth in range(1, min(k, self.depth or k)):
+            level = [i for i in range(len(tokens)) if depths[i] == depth]
+            chosen = sorted(level, key=lambda i: -scores[i])[: self.topk]
+            past = self.length + len(slot)
+            if past + len(chosen) > self.keys.shape[1]:
+                break
+            bias = np.full((1, 1, len(chosen), past + len(chosen)), -np.inf, dtype=np.float32)
+            bias[0, 0, :, : self.length] = 0.0
+            for r, node in enumerate(chosen):
+                bias[0, 0, r, past + r] = 0.0
+                bias[0, 0, r, [slot[a] for a in path_to(parents, node)[:-1]]] = 0.0  # its expanded ancestors
+            out, lp, ids = self._run(np.stack([feats[i] for i in chosen]), [tokens[i] for i in chosen],
+                                     [n - 2 + depth] * len(chosen), bias, np.arange(len(chosen)))
+            for r, node in enumerate(chosen):
+                slot[node] = past + r
+                add_children(node, depth + 1, scores[node], out[r], lp[r], ids[r])
+        # 3. Keep the best nodes; a parent scores at least its child, so the kept set is a tree.
+        order = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i]))
+        kept = set()
+        for i in order:
+            if len(kept) == self.nodes:
+                break
+            if parents[i] < 0 or parents[i] in kept:
+                kept.add(i)
+        kept = sorted(kept, key=lambda i: (depths[i], -scores[i]))
+        index = {node: j for j, node in enumerate(kept)}
+        return Proposal(np.array([tokens[i] for i in kept], dtype=np.int64),
+                        parents=np.array([index.get(parents[i], -1) for i in kept], dtype=np.int64))

@@ -1,0 +1,52 @@
+"""The target engine seen by proposers that read its features (EAGLE, Medusa heads).
+
+``FeatureTap`` wraps the target engine and keeps the feature of every committed cache slot
+(prefill chunks and accepted tree paths alike), so after any step ``tap.features[i]`` is the
+target's final-norm hidden state of ``context[i]`` for every ``i < tap.length``. The pending
+token has no feature yet. The decode loop drives the tap like any engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import Engine, StepOutput
+
+
+class FeatureTap(Engine):
+    """The target engine, plus ``features[i]``: the hidden state of committed cache slot i."""
+
+    def __init__(self, engine: Engine):
+        if not engine.graph.has_hidden_states:
+            raise SpecdecError("the target graph has no hidden_states output, which draft heads read; "
+                               "re-export the bundle with --hidden-states (or with --heads).")
+        self.engine = engine
+        self.graph = engine.graph
+        self.capacity = engine.capacity
+        self.features = np.zeros((engine.capacity, engine.graph.hidden_size), dtype=np.float32)  # [capacity, H]
+        self._hidden = None  # [S, H] of the last run
+
+    @property
+    def length(self) -> int:
+        return self.engine.length
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def rollback(self, length: int) -> None:
+        self.engine.rollback(length)
+
+    def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepOutput:
+        out = self.engine.run(input_ids, position_ids, attention_bias, logits_to_keep)
+        self._hidden = out.hidden_states  # valid until the next run; commit comes first
+        return out
+
+    def commit(self, n: int, path=None) -> None:
+        rows = np.arange(n) if path is None else np.asarray(path, dtype=np.int64)[:n]
+        start = self.engine.length
+        self.features[start : start + n] = self._hidden[rows]
+        self.engine.commit(n, path)
+
+    def _compact(self, path: np.ndarray) -> None:  # the wrapped engine compacts in its own commit
+        raise NotImplementedError

@@ -1,0 +1,286 @@
+"""The one registry of speculative methods: what proposes, how it is accepted, what it needs, its options.
+
+Each method is one ``Method`` record in ``METHODS``. ``Pipeline``, the CLI (choices and help
+texts), ``bench``, ``info`` and the README's methods table all read it, and a test keeps them in
+agreement. To add a method: write its proposer (a ``speculative.proposal.Proposer``), then add
+one record here; the acceptance rule is an object the decode loop applies
+(``speculative.acceptance``), so a method never changes the loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import Engine
+from specdec_edge.speculative.acceptance import AcceptanceRule, ExactAcceptance, TypicalAcceptance
+from specdec_edge.speculative.eagle import EagleProposer
+from specdec_edge.speculative.lookahead import LookaheadProposer
+from specdec_edge.speculative.lookup import PromptLookupProposer
+from specdec_edge.speculative.medusa import MedusaProposer
+from specdec_edge.speculative.proposal import Proposer
+from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer, FirstOfProposer
+
+if TYPE_CHECKING:  # only for type hints: the head sessions live in runtime/
+    from specdec_edge.runtime.head_graphs import HeadGraph
+
+HEAD_METHODS = ("eagle", "medusa")  # the kinds of trained heads a bundle can carry (``needs`` entries)
+# What a missing requirement takes, for errors and the docs table.
+HOW_TO_GET = {
+    "draft": "`export --draft`",
+    "eagle": "EAGLE heads: `train-draft --method eagle`, `export --heads`",
+    "medusa": "Medusa heads: `train-draft --method medusa`, `export --heads`",
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One method option (``-o name=value``, or ``Pipeline.load(name=value)``), checked before use."""
+
+    name: str
+    kind: str  # "int" | "float" | "bool" | "tree" (a list of rank paths, e.g. [[0], [1], [0, 0]])
+    default: Any  # None: the bundle's recorded tree setting, else the proposer's own default
+    help: str
+    low: float | None = None  # the smallest valid value (ints and floats)
+    strict: bool = False  # the value must exceed ``low``
+    for_rule: bool = False  # an option of the acceptance rule, not of the proposer
+
+    def describe(self) -> str:
+        """``"an integer >= 1"``-style text for errors and help."""
+        what = {"int": "an integer", "float": "a number", "bool": "true or false",
+                "tree": "a list of rank paths such as [[0], [1], [0, 0]]"}[self.kind]
+        if self.low is not None:
+            what += f" {'>' if self.strict else '>='} {self.low:g}"
+        return what
+
+    def parse(self, method: str, value: Any) -> Any:
+        """``value`` as this option's type, or a SpecdecError that names the method, option and valid values."""
+        parsed = _PARSERS[self.kind](value)
+        bad = parsed is None or (self.low is not None and (parsed <= self.low if self.strict else parsed < self.low))
+        if bad:
+            default = "the bundle's setting" if self.default is None else json.dumps(self.default)
+            raise SpecdecError(f"bad option for method {method!r}: {self.name}={value!r} is invalid; use "
+                               f"{self.describe()} (default: {default}).")
+        return parsed
+
+
+def _int(value):
+    if isinstance(value, str):
+        value = value.strip()
+        return int(value) if value.lstrip("+-").isdigit() else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value):
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _bool(value):
+    if isinstance(value, bool):
+        return value
+    return {"true": True, "false": False}.get(str(value).strip().lower())
+
+
+def _tree(value):
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    paths = [p for p in value if isinstance(p, (list, tuple)) and p and all(_int(r) is not None for r in p)]
+    return [[int(r) for r in p] for p in paths] if len(paths) == len(value) else None
+
+
+_PARSERS = {"int": _int, "float": _float, "bool": _bool, "tree": _tree}
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a bundle provides for building proposers."""
+
+    target: Engine  # the engine the decode loop drives (a ``FeatureTap`` when the method reads features)
+    draft: Engine | None = None
+    heads: Mapping[str, HeadGraph] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One speculative method: its proposer, acceptance rule, requirements and options."""
+
+    name: str
+    summary: str  # one line for CLI help, `info` and the README table
+    build: Callable[[Resources, dict], Proposer]  # (resources, checked proposer options) -> proposer
+    options: tuple[Option, ...] = ()
+    needs: tuple[str, ...] = ()  # "draft" and/or head methods ("eagle", "medusa")
+    rule: type[AcceptanceRule] = ExactAcceptance  # built with the options marked ``for_rule``
+    speculative: bool = True  # False for plain decoding (no proposal; k is ignored)
+
+    @property
+    def lossy(self) -> bool:
+        """Sampling output no longer follows the target's distribution (greedy stays exact)."""
+        return self.rule.lossy
+
+    @property
+    def reads_features(self) -> bool:
+        """The proposer reads the target's hidden states (trained heads)."""
+        return any(n in HEAD_METHODS for n in self.needs)
+
+    def missing(self, has_draft: bool, heads: Iterable[str], where: str = "this bundle") -> str | None:
+        """Why a bundle with a draft model (or not) and these heads cannot run this method, or None."""
+        heads = set(heads)
+        for need in self.needs:
+            if need == "draft" and not has_draft:
+                return f"{where} has no draft model; use method 'pld' or 'plain', or export with --draft."
+            if need in HEAD_METHODS and need not in heads:
+                return (f"{where} has no {need} heads; train them with `specdec-edge train-draft --method {need}` "
+                        "and export with --heads, or use method 'pld'.")
+        return None
+
+    def check_options(self, options: Mapping[str, Any]) -> tuple[dict, dict]:
+        """``(proposer options, rule options)``: every given option checked, defaults filled in where set."""
+        known = {o.name: o for o in self.options}
+        unknown = [name for name in options if name not in known]
+        if unknown:
+            valid = ", ".join(known) or "none"
+            raise SpecdecError(f"bad option for method {self.name!r}: it has no option {unknown[0]!r} "
+                               f"(its options: {valid}).")
+        proposer, rule = {}, {}
+        for o in self.options:
+            value = o.parse(self.name, options[o.name]) if o.name in options else o.default
+            if value is not None:
+                (rule if o.for_rule else proposer)[o.name] = value
+        return proposer, rule
+
+    def acceptance(self, rule_options: Mapping[str, Any]) -> AcceptanceRule:
+        return self.rule(**rule_options)
+
+
+# ---- the proposers' options (shared by the methods that combine them)
+
+PLD_OPTIONS = (
+    Option("max_ngram", "int", 3, "longest n-gram matched", low=1),
+    Option("min_ngram", "int", 1, "shortest n-gram matched", low=1),
+)
+LOOKAHEAD_OPTIONS = (
+    Option("window", "int", 4, "Jacobi window columns", low=1),
+    Option("ngram", "int", 3, "n-gram size of the pool", low=2),
+    Option("guesses", "int", 4, "pool n-grams verified per step", low=0),
+    Option("prompt_ngrams", "bool", True, "seed the pool with the prompt's n-grams"),
+    Option("seed", "int", 0, "seed of the initial window guesses", low=0),
+)
+EAGLE_OPTIONS = (
+    Option("topk", "int", None, "children per expanded node (bundle default, else 3)", low=1),
+    Option("nodes", "int", None, "tree nodes verified (bundle default, else 5)", low=1),
+    Option("depth", "int", None, "tree depth (bundle default, else k)", low=1),
+)
+MEDUSA_OPTIONS = (Option("tree", "tree", None, "rank paths of the static tree (bundle default)"),)
+TYPICAL_OPTIONS = (
+    Option("epsilon", "float", 0.09, "typical acceptance: probability floor", low=0, strict=True, for_rule=True),
+    Option("delta", "float", 0.3, "typical acceptance: entropy factor", low=0, strict=True, for_rule=True),
+)
+
+
+def _eagle(res: Resources, options: dict) -> Proposer:
+    head = res.heads["eagle"]
+    return EagleProposer(head, res.target, **{**head.defaults, **options})
+
+
+def _medusa(res: Resources, options: dict) -> Proposer:
+    head = res.heads["medusa"]
+    return MedusaProposer(head, res.target, **{**head.defaults, **options})
+
+
+def _pld_eagle(res: Resources, options: dict) -> Proposer:
+    pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
+    eagle = {k: v for k, v in options.items() if k not in pld}
+    return FirstOfProposer(PromptLookupProposer(**pld), _eagle(res, eagle))
+
+
+_METHODS = (
+    Method("plain", "nothing: the same loop, one token per target pass", lambda res, o: EmptyProposer(),
+           speculative=False),
+    Method("draft", "a smaller model with the same tokenizer, k tokens per step",
+           lambda res, o: DraftModelProposer(res.draft), needs=("draft",)),
+    Method("pld", "prompt lookup: continuation of the latest earlier occurrence of the last n-gram",
+           lambda res, o: PromptLookupProposer(**o), PLD_OPTIONS),
+    Method("lookahead", "Jacobi guesses + n-gram pool, verified as one token tree",
+           lambda res, o: LookaheadProposer(**o), LOOKAHEAD_OPTIONS),
+    Method("eagle", "an EAGLE head (one decoder layer over the target's features) grows a dynamic token tree",
+           _eagle, EAGLE_OPTIONS, needs=("eagle",)),
+    Method("medusa", "Medusa heads propose a static token tree", _medusa, MEDUSA_OPTIONS, needs=("medusa",)),
+    Method("medusa-typical", "Medusa with typical acceptance: LOSSY when sampling (greedy stays exact)", _medusa,
+           MEDUSA_OPTIONS + TYPICAL_OPTIONS, needs=("medusa",), rule=TypicalAcceptance),
+    Method("pld-eagle", "prompt lookup where a 2+ token n-gram repeats, else the EAGLE head", _pld_eagle,
+           (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1), *EAGLE_OPTIONS),
+           needs=("eagle",)),
+)
+METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
+# Exact head methods a bundle may name as its default, fastest measured on a CPU first (docs/PERFORMANCE.md).
+HEAD_DEFAULT_PREFERENCE = ("pld-eagle", "medusa", "eagle")
+
+
+def get_method(name: str) -> Method:
+    """The registry record of ``name``, or an error listing the methods."""
+    if name not in METHODS:
+        raise SpecdecError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}.")
+    return METHODS[name]
+
+
+def available_methods(has_draft: bool, heads: Iterable[str]) -> list[str]:
+    """The methods a bundle with a draft model (or not) and these heads can run."""
+    heads = list(heads)
+    return [m.name for m in METHODS.values() if m.missing(has_draft, heads) is None]
+
+
+def default_method(has_draft: bool, heads_section: Mapping | None) -> str:
+    """The method a bundle runs when none is asked for: its heads' recorded default, else draft or plain."""
+    return (heads_section or {}).get("default") or ("draft" if has_draft else "plain")
+
+
+def head_default_choices(heads: Iterable[str] | None = None) -> list[str]:
+    """Exact methods that run on trained heads alone (of ``heads``, when given): what a bundle may default to."""
+    heads = set(HEAD_METHODS if heads is None else heads)
+    return [m.name for m in METHODS.values()
+            if m.needs and not m.lossy and set(m.needs) <= heads]
+
+
+def default_head_method(heads: Iterable[str], requested: str | None = None) -> str:
+    """The default method recorded in a bundle with these heads: ``requested`` if they can run it, else the
+    first of ``HEAD_DEFAULT_PREFERENCE`` they can."""
+    choices = head_default_choices(heads)
+    if requested is None:
+        requested = next(m for m in HEAD_DEFAULT_PREFERENCE if m in choices)
+    if requested not in choices:
+        raise SpecdecError(f"default head method {requested!r} needs heads that were not given; choose one of "
+                           f"{', '.join(choices)}.")
+    return requested
+
+
+def methods_table() -> str:
+    """The README's methods table (Markdown), generated from the registry."""
+    rows = ["| method | what proposes | needs | options (default) |", "|---|---|---|---|"]
+    for m in METHODS.values():
+        needs = "; ".join(HOW_TO_GET[n] for n in m.needs) or "–"
+        options = ", ".join(f"`{o.name}` ({'bundle' if o.default is None else json.dumps(o.default)})"
+                            for o in m.options) or "–"
+        rows.append(f"| `{m.name}` | {m.summary} | {needs} | {options} |")
+    return "\n".join(rows) + "\n"
+
+
+def options_help() -> str:
+    """One line per method with options, for `-o` help texts."""
+    return "; ".join(f"{m.name}: {', '.join(o.name for o in m.options)}" for m in METHODS.values() if m.options)

@@ -1,0 +1,110 @@
+"""From accepted tokens to streamed text: detokenization, eos, stop strings, and the ``Stream`` object.
+
+``text_pieces`` turns the decode loop's steps into text pieces while filling in a
+``GenerationResult``; ``StopFilter`` holds back text that may be the start of a stop string;
+``Stream`` is what ``Pipeline.stream`` returns. Light: no model code here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from specdec_edge.speculative.loop import Emitted
+from specdec_edge.speculative.stats import Stats
+from specdec_edge.tokenizer import Tokenizer
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated tokens: without a final eos; up to the one that completes a stop string
+    stats: Stats
+    finish_reason: str | None  # "eos" | "length" | "stop" | "cancelled"; None while streaming
+
+
+class StopFilter:
+    """Holds back text that could be the start of a stop string, and cuts at the first one found."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return ``(text safe to emit, stop string found)``."""
+        text = self.held + text
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.held = ""
+            return text[: min(hits)], True
+        keep = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        text, self.held = self.held, ""
+        return text
+
+
+def text_pieces(steps: Iterator[Emitted], tokenizer: Tokenizer, stops: Sequence[str],
+                result: GenerationResult) -> Iterator[str]:
+    """The text of each step of ``steps``, ending at eos, the first stop string, or the loop's own end.
+
+    Tokens are taken one at a time, so a stop string ends ``result.token_ids`` where it ends;
+    ``result`` (text, token ids, finish reason) is complete when the iterator is exhausted.
+    """
+    decoder = tokenizer.decoder()
+    stop_filter = StopFilter(stops)
+    for step in steps:
+        text, stopped = "", False
+        for token in step.tokens:
+            if tokenizer.is_eos(token):
+                break
+            result.token_ids.append(token)
+            piece, stopped = stop_filter.feed(decoder.add([token]))
+            text += piece
+            if stopped:
+                break
+        if step.finish_reason is not None and not stopped:
+            piece, stopped = stop_filter.feed(decoder.flush())
+            text += piece + ("" if stopped else stop_filter.flush())
+        if text:
+            result.text += text
+            yield text
+        if stopped or step.finish_reason is not None:
+            result.finish_reason = "stop" if stopped else step.finish_reason
+            return
+
+
+class Stream:
+    """Text pieces as tokens are accepted; ``result`` is complete once iteration ends.
+
+    ``close()`` (from the iterating thread) or ``cancel()`` (from any thread) stops
+    generation; either way the pipeline is free for the next call.
+    """
+
+    def __init__(self, pieces: Iterator[str], result: GenerationResult, cancel: threading.Event):
+        self.result = result
+        self._pieces = pieces
+        self._cancel = cancel
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def close(self) -> None:
+        self._pieces.close()
+        if self.result.finish_reason is None:
+            self.result.finish_reason = "cancelled"
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

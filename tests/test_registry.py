@@ -1,0 +1,119 @@
+"""The method registry is the one source: CLI choices, bench, info, README and DESIGN agree with it,
+and method options are checked against it with clear errors (llama.cpp's static_assert habit)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.bench import check_methods
+from specdec_edge.cli import main
+from specdec_edge.speculative.acceptance import ExactAcceptance, TypicalAcceptance
+from specdec_edge.speculative.methods import (HEAD_METHODS, METHODS, available_methods, default_head_method,
+                                              default_method, get_method, head_default_choices, methods_table)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def choices(command: str, option: str) -> list[str]:
+    params = {p.name: p for p in main.commands[command].params}
+    assert isinstance(params[option].type, click.Choice)
+    return list(params[option].type.choices)
+
+
+def test_cli_choices_come_from_the_registry():
+    assert choices("generate", "method") == choices("chat", "method") == list(METHODS)
+    assert choices("export", "heads_default") == head_default_choices() == ["eagle", "medusa", "pld-eagle"]
+    assert set(choices("demo", "method")) == {"pld", "lookahead", "eagle", "pld-eagle"}
+    assert check_methods(list(METHODS)) == list(METHODS)  # bench takes every method, plain first
+    help_text = CliRunner().invoke(main, ["generate", "-h"]).output
+    for name in METHODS:
+        assert f"{name}:" in help_text.replace("\n", " ")
+
+
+def test_readme_and_design_follow_the_registry():
+    readme = (ROOT / "README.md").read_text()
+    assert methods_table() in readme, "README's methods table is stale: paste speculative.methods.methods_table()"
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    missing = [name for name in METHODS if f"`{name}`" not in design]
+    assert not missing, f"docs/DESIGN.md does not describe {missing}"
+
+
+def test_records_are_consistent():
+    assert list(METHODS) == ["plain", "draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical", "pld-eagle"]
+    for m in METHODS.values():
+        assert set(m.needs) <= {"draft", *HEAD_METHODS}, m.name
+        assert m.reads_features == any(n in HEAD_METHODS for n in m.needs)
+        names = [o.name for o in m.options]
+        assert len(names) == len(set(names)), m.name
+        for o in m.options:  # every default is valid for its own option
+            assert o.default is None or o.parse(m.name, o.default) == o.default, (m.name, o.name)
+        proposer_options, rule_options = m.check_options({})
+        assert isinstance(m.acceptance(rule_options), m.rule)
+    assert [m.name for m in METHODS.values() if m.lossy] == ["medusa-typical"]
+    assert METHODS["medusa-typical"].rule is TypicalAcceptance and METHODS["pld"].rule is ExactAcceptance
+    assert [m.name for m in METHODS.values() if not m.speculative] == ["plain"]
+
+
+def test_requirements_and_defaults():
+    assert available_methods(False, []) == ["plain", "pld", "lookahead"]
+    assert available_methods(True, ["eagle", "default"]) == ["plain", "draft", "pld", "lookahead", "eagle", "pld-eagle"]
+    assert "has no draft model" in METHODS["draft"].missing(False, [])
+    assert "train-draft --method medusa" in METHODS["medusa-typical"].missing(True, ["eagle"])
+    assert default_method(True, None) == "draft" and default_method(False, {}) == "plain"
+    assert default_method(False, {"eagle": {}, "default": "eagle"}) == "eagle"
+    assert default_head_method(["eagle", "medusa"]) == "pld-eagle" and default_head_method(["medusa"]) == "medusa"
+    assert default_head_method(["eagle"], "eagle") == "eagle"
+    with pytest.raises(SpecdecError, match="choose one of medusa"):
+        default_head_method(["medusa"], "pld-eagle")
+    with pytest.raises(SpecdecError, match="unknown method 'jacobi'; choose one of plain, draft"):
+        get_method("jacobi")
+
+
+def test_options_are_parsed_and_checked():
+    pld = METHODS["pld"]
+    assert pld.check_options({}) == ({"max_ngram": 3, "min_ngram": 1}, {})
+    assert pld.check_options({"max_ngram": "5"}) == ({"max_ngram": 5, "min_ngram": 1}, {})
+    assert METHODS["pld-eagle"].check_options({}) == ({"max_ngram": 3, "min_ngram": 2}, {})
+    assert METHODS["eagle"].check_options({"topk": 2}) == ({"topk": 2}, {})  # the rest: the bundle's settings
+    assert METHODS["medusa"].check_options({"tree": "[[0], [0, 1]]"}) == ({"tree": [[0], [0, 1]]}, {})
+    assert METHODS["medusa-typical"].check_options({"delta": 0.5}) == ({}, {"epsilon": 0.09, "delta": 0.5})
+    assert METHODS["lookahead"].check_options({"prompt_ngrams": "false"})[0]["prompt_ngrams"] is False
+    bad = [("pld", {"max_ngram": 0}, r"max_ngram=0 is invalid; use an integer >= 1 \(default: 3\)"),
+           ("pld", {"max_ngram": "abc"}, "max_ngram='abc' is invalid"),
+           ("pld", {"max_ngram": True}, "max_ngram=True is invalid"),
+           ("pld", {"max_ngram": 2.5}, "max_ngram=2.5 is invalid"),
+           ("pld", {"windw": 2}, r"it has no option 'windw' \(its options: max_ngram, min_ngram\)"),
+           ("plain", {"window": 2}, r"it has no option 'window' \(its options: none\)"),
+           ("lookahead", {"ngram": 1}, "ngram=1 is invalid; use an integer >= 2"),
+           ("lookahead", {"seed": -1}, "seed=-1 is invalid"),
+           ("medusa-typical", {"epsilon": 0}, "epsilon=0 is invalid; use a number > 0"),
+           ("medusa-typical", {"epsilon": float("inf")}, "epsilon=inf is invalid"),
+           ("medusa", {"tree": "[[0], []]"}, "tree="),
+           ("medusa", {"tree": "0,1"}, "tree=")]
+    for method, options, message in bad:
+        with pytest.raises(SpecdecError, match=f"bad option for method '{re.escape(method)}': {message}"):
+            METHODS[method].check_options(options)
+
+
+def test_pipeline_reads_the_registry(tiny_bundle):
+    plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    for name in available_methods(True, []):
+        pipe = plain.with_method(name)
+        assert isinstance(pipe.rule, METHODS[name].rule) and pipe.engine is plain.target
+    with pytest.raises(SpecdecError, match="has no eagle heads"):
+        plain.with_method("pld-eagle")
+    with pytest.raises(SpecdecError, match=r"min_ngram=0 is invalid"):
+        plain.with_method("pld", min_ngram=0)
+    with pytest.raises(SpecdecError, match=r"prompt lookup needs 1 <= min_ngram <= max_ngram"):
+        plain.with_method("pld", min_ngram=4, max_ngram=2)
+
+
+def test_info_lists_the_methods_a_bundle_can_run(tiny_bundle):
+    res = CliRunner().invoke(main, ["info", str(tiny_bundle)])
+    assert res.exit_code == 0 and "methods: plain, draft, pld, lookahead" in res.output
