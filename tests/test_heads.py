@@ -16,7 +16,7 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.export.heads import TREE_SETTINGS
+from specdec_edge.export.head_recipes import RECIPES
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.heads import MEDUSA_TREE, FeatureTap, MedusaProposer
 from specdec_edge.speculative.loop import decode, prefill
@@ -77,25 +77,27 @@ def test_training_lowers_the_loss(trained, method):
 
 
 def test_training_resumes_from_its_checkpoint(tmp_path, monkeypatch, trained, prompts_file):
+    from dataclasses import replace
+
     import torch
 
     from specdec_edge.export import train_draft as td
 
     bundle = trained / "target-bundle"
     calls = {"n": 0}
-    real = td.eagle_loss
+    real = RECIPES["eagle"]
 
     def interrupted(*args):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt
-        return real(*args)
+        return real.loss(*args)
 
-    monkeypatch.setattr(td, "eagle_loss", interrupted)
+    monkeypatch.setitem(RECIPES, "eagle", replace(real, loss=interrupted))
     with pytest.raises(KeyboardInterrupt):
         td.train_draft("eagle", str(bundle), tmp_path, prompts=prompts_file, **TRAIN)
     assert torch.load(tmp_path / "eagle" / "checkpoint.pt", weights_only=False)["step"] == 4
-    monkeypatch.setattr(td, "eagle_loss", real)
+    monkeypatch.setitem(RECIPES, "eagle", real)
     td.train_draft("eagle", str(bundle), tmp_path, prompts=prompts_file, **TRAIN)
     a = torch.load(tmp_path / "eagle" / "checkpoint.pt", weights_only=False)["head"]
     b = torch.load(trained / "eagle" / "checkpoint.pt", weights_only=False)["head"]
@@ -112,15 +114,15 @@ def test_manifest_records_heads(heads_bundle):
         assert s["validation"]["topk_ids_agreement"] == 1.0
         assert s["training"]["prompts"] == 8 and s["config"]["draft_vocab"] == 200
         assert (heads_bundle / s["graph"]).is_file()
-        assert s["tree"] == TREE_SETTINGS[method]
+        assert s["tree"] == RECIPES[method].tree
 
 
 def test_pipeline_uses_the_recorded_tree_settings_unless_told_otherwise(plain):
     eagle = plain.with_method("eagle").proposer
-    assert (eagle.topk, eagle.nodes, eagle.depth) == tuple(TREE_SETTINGS["eagle"][k] for k in ("topk", "nodes", "depth"))
+    assert (eagle.topk, eagle.nodes, eagle.depth) == tuple(RECIPES["eagle"].tree[k] for k in ("topk", "nodes", "depth"))
     assert plain.with_method("eagle", nodes=9).proposer.nodes == 9
     medusa = plain.with_method("medusa").proposer
-    assert medusa.paths == [tuple(p) for p in TREE_SETTINGS["medusa"]["tree"]]
+    assert medusa.paths == [tuple(p) for p in RECIPES["medusa"].tree["tree"]]
 
 
 def test_info_shows_heads_and_default_method(heads_bundle):
@@ -135,7 +137,7 @@ def test_info_shows_heads_and_default_method(heads_bundle):
 
 
 def test_add_heads_writes_a_new_bundle(tmp_path, trained):
-    from specdec_edge.export.heads import add_heads
+    from specdec_edge.export.head_export import add_heads
 
     out = add_heads(trained / "target-bundle", [trained / "medusa"], tmp_path / "with-medusa")
     manifest = read_manifest(out)
@@ -230,7 +232,7 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
 
 
 def test_default_method_of_a_heads_bundle(heads_bundle, tmp_path, trained):
-    from specdec_edge.export.heads import add_heads
+    from specdec_edge.export.head_export import add_heads
 
     assert Pipeline.load(heads_bundle, threads=1).method == "pld-eagle"
     with pytest.raises(SpecdecError, match="choose one of medusa"):
@@ -318,7 +320,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "specdec_edge" / "data" / "he
 def test_shipped_heads_are_small_fp16_and_load(method):
     from safetensors import safe_open
 
-    from specdec_edge.export.heads import load_heads
+    from specdec_edge.export.heads_folder import load_heads
 
     folder = SHIPPED / method
     cfg = _config(folder)

@@ -11,9 +11,7 @@ Stages, each resumable inside ``--out``:
 3. ``<method>/checkpoint.pt`` every ``save_every`` steps (head, optimizer, step), then
    ``<method>/config.json`` + ``weights.safetensors`` (fp16): the folder ``export --heads`` takes.
 
-Losses as in the papers: EAGLE, smooth-L1 regression of the next feature plus 0.1 x
-cross-entropy of the LM head on the predicted feature against the target's distribution;
-Medusa, cross-entropy of head i against the token i+2 places ahead, weighted 0.8^i.
+The losses and default epochs of each method are in its recipe (``head_recipes.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from specdec_edge.errors import ExportError
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
 PART = 8  # prompts per data part file
-DEFAULT_EPOCHS = {"eagle": 10, "medusa": 3}  # the shipped heads' recipe (data/heads/README.md)
 
 
 def prepare_bundle(target: str, out: Path, capacity: int, progress: bool) -> Path:
@@ -152,58 +149,6 @@ def batches(data: list[dict], batch_tokens: int, epochs: int, seed: int) -> list
     return out
 
 
-def eagle_loss(head, seqs: list[dict], batch_tokens: int):
-    """Packed sequences, block-causal: (loss, draft top-1 agreement with the target).
-
-    A sequence longer than ``batch_tokens`` keeps its end, where the answer is.
-    """
-    feats, ids, pos, blocks = [], [], [], []
-    for d in seqs:
-        f = torch.as_tensor(d["features"][-batch_tokens:]).float()
-        x = torch.as_tensor(d["ids"][-batch_tokens:])
-        feats.append(f)
-        ids.append(x)
-        pos.append(torch.arange(len(x) - 1))
-        blocks.append(len(x) - 1)
-    f_in = torch.cat([f[:-1] for f in feats])
-    f_next = torch.cat([f[1:] for f in feats])
-    x_in = torch.cat([x[1:] for x in ids])
-    mask = torch.block_diag(*[torch.tril(torch.ones(n, n, dtype=torch.bool)) for n in blocks])
-    bias = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))[None, None]
-    cfg = head.cfg
-    empty = torch.zeros(1, 0, cfg.num_kv_heads, cfg.head_dim)
-    pred, _, _ = head(f_in[None], x_in[None], torch.cat(pos)[None], empty, empty, bias)
-    pred = pred[0]
-    logp = head.target.logits(pred).log_softmax(-1)
-    with torch.no_grad():
-        p = head.target.logits(f_next).softmax(-1)
-    regression = torch.nn.functional.smooth_l1_loss(pred, f_next)
-    classification = -(p * logp).sum(-1).mean()
-    agree = (logp.argmax(-1) == p.argmax(-1)).float().mean().item()
-    return regression + 0.1 * classification, agree
-
-
-def medusa_loss(head, seqs: list[dict], batch_tokens: int, index: torch.Tensor):
-    """Head i on f[t] against token t+2+i (-100 where it is outside the draft vocabulary)."""
-    K = head.cfg.medusa_heads
-    feats, labels = [], []
-    for d in seqs:
-        f = torch.as_tensor(d["features"][-batch_tokens:]).float()
-        x = index[torch.as_tensor(d["ids"][-batch_tokens:])]
-        lab = torch.full((K, len(x)), -100, dtype=torch.long)
-        for i in range(K):
-            lab[i, : max(len(x) - 2 - i, 0)] = x[2 + i :]
-        feats.append(f)
-        labels.append(lab)
-    logits = head.target.logits(head(torch.cat(feats)))  # [K, R, V']
-    labels = torch.cat(labels, 1)
-    losses = torch.stack([torch.nn.functional.cross_entropy(logits[i], labels[i], ignore_index=-100) for i in range(K)])
-    loss = (losses.nan_to_num() * 0.8 ** torch.arange(K)).sum()
-    valid = labels[0] >= 0
-    agree = (logits[0].argmax(-1)[valid] == labels[0][valid]).float().mean().item() if valid.any() else 0.0
-    return loss, agree
-
-
 def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Path | None = None, max_prompts: int = 0,
                 holdout: int = 2, answer_tokens: int = 128, draft_vocab: int = 4096, epochs: int | None = None,
                 lr: float = 1e-3,
@@ -212,16 +157,19 @@ def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Pat
     """Train ``method`` heads for ``target``; returns the heads folder ``out/<method>``.
 
     The defaults are the shipped heads' recipe (``data/heads/README.md``); ``epochs`` defaults to
-    ``DEFAULT_EPOCHS[method]``."""
-    epochs = epochs or DEFAULT_EPOCHS.get(method, 4)
+    the method's ``HeadRecipe.epochs``."""
     from tqdm import tqdm
 
     from specdec_edge.bundle import read_manifest
-    from specdec_edge.export.heads import (METHODS, FrozenTarget, HeadConfig, make_head, save_heads, target_weights,
-                                           trainable_state)
+    from specdec_edge.export.head_export import target_weights
+    from specdec_edge.export.head_modules import FrozenTarget
+    from specdec_edge.export.head_recipes import HEAD_METHODS, RECIPES
+    from specdec_edge.export.heads_folder import save_heads, trainable_state
 
-    if method not in METHODS:
-        raise ExportError(f"unknown --method {method!r}; choose one of {', '.join(METHODS)}.")
+    if method not in RECIPES:
+        raise ExportError(f"unknown --method {method!r}; choose one of {', '.join(HEAD_METHODS)}.")
+    recipe = RECIPES[method]
+    epochs = epochs or recipe.epochs
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
@@ -234,12 +182,10 @@ def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Pat
     embed, lm_head = target_weights(bundle)
     graph = manifest.target.graph
     vocab_ids = draft_vocabulary(data, graph.vocab_size, draft_vocab, manifest.tokenizer.eos_token_ids)
-    cfg = HeadConfig.for_target(method, graph.hidden_size, graph.vocab_size, len(vocab_ids), graph.cache.num_kv_heads,
-                                graph.cache.head_dim, medusa_heads)
+    cfg = recipe.config(graph.hidden_size, graph.vocab_size, len(vocab_ids), graph.cache.num_kv_heads,
+                        graph.cache.head_dim, medusa_heads)
     torch.manual_seed(seed)
-    head = make_head(cfg, FrozenTarget(embed, lm_head, vocab_ids))
-    index = torch.full((graph.vocab_size,), -100, dtype=torch.long)
-    index[torch.as_tensor(vocab_ids)] = torch.arange(len(vocab_ids))
+    head = recipe.module(cfg, FrozenTarget(embed, lm_head, vocab_ids))
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     plan = batches(data, batch_tokens, epochs, seed)
@@ -274,8 +220,7 @@ def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Pat
     deadline = train_start + max_minutes * 60 if max_minutes else math.inf  # the training phase only
     while step < len(plan) and time.perf_counter() < deadline:
         seqs = [data[i] for i in plan[step]]
-        loss, agree = (eagle_loss(head, seqs, batch_tokens) if method == "eagle"
-                       else medusa_loss(head, seqs, batch_tokens, index))
+        loss, agree = recipe.loss(head, seqs, batch_tokens)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
