@@ -1,7 +1,7 @@
 """Training losses of the draft heads, as in the papers; each returns (loss, draft top-1 agreement).
 
 A loss takes the head, a batch of sequences (``ids`` [T] and the target's ``features`` [T, H]
-of prompt + answer, from ``train_draft.generate_data``) and ``batch_tokens``: a sequence longer
+of prompt + answer, from ``draft_data.generate_data``) and ``batch_tokens``: a sequence longer
 than that keeps its end, where the answer is.
 
 * EAGLE: smooth-L1 regression of the next feature plus 0.1 x cross-entropy of the LM head on
