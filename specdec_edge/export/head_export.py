@@ -19,7 +19,7 @@ from torch import nn
 
 from specdec_edge.bundle import StagingDir, read_manifest
 from specdec_edge.errors import ExportError
-from specdec_edge.export.head_graphs import TOP_K
+from specdec_edge.export.head_onnx import TOP_K
 from specdec_edge.export.head_recipes import HeadRecipe, recipe_for
 from specdec_edge.export.heads_folder import load_heads
 

@@ -14,7 +14,7 @@ from typing import Callable
 from torch import nn
 
 from specdec_edge.errors import ExportError
-from specdec_edge.export.head_graphs import EagleGraph, MedusaGraph, eagle_examples, medusa_examples
+from specdec_edge.export.head_onnx import EagleGraph, MedusaGraph, eagle_examples, medusa_examples
 from specdec_edge.export.head_losses import eagle_loss, medusa_loss
 from specdec_edge.export.head_modules import EagleHead, FrozenTarget, HeadConfig, MedusaHeads
 
