@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from tests.tiny_models import make_model
+from tests.tiny_models import TRAIN, make_model
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +85,34 @@ def ort_fp16_bundle(tmp_path_factory, tiny_llama_dir):
 
     out = tmp_path_factory.mktemp("bundles") / "ort-fp16"
     return export_bundle(str(tiny_llama_dir), out, dtype="fp16", capacity=64, progress=False)
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory):
+    """A text file of prompts, one a line, for training tiny heads."""
+    from tests.test_methods import many_prompts
+
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    path.write_text("\n".join(str(p) for p in many_prompts(12, seed=3) if isinstance(p, str)) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, tiny_llama_dir, prompts_file):
+    """Work folder with eagle and medusa heads trained on the tiny target's own answers."""
+    from specdec_edge.export.train_draft import train_draft
+
+    out = tmp_path_factory.mktemp("heads-work")
+    for method in ("eagle", "medusa"):
+        train_draft(method, str(tiny_llama_dir), out, prompts=prompts_file, **TRAIN)
+    return out
+
+
+@pytest.fixture(scope="session")
+def heads_bundle(tmp_path_factory, tiny_llama_dir, trained):
+    """The tiny target with both trained heads (default method pld-eagle), capacity 256."""
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-heads"
+    return export_bundle(str(tiny_llama_dir), out, capacity=256, heads=(trained / "eagle", trained / "medusa"),
+                         progress=False)

@@ -1,9 +1,10 @@
 """Trained self-drafting on tiny models: training, head export, EAGLE/Medusa tree proposals.
 
 Invariants: a short training run lowers the loss and resumes from its checkpoint to the same
-weights; head graphs match their torch modules; one tree pass gives the logits of sequential
-passes along each branch; the feature tap after compaction equals a plain chain's features;
-eagle and medusa greedy output equals plain greedy token for token; sampling is seeded.
+weights; every head recipe trains, exports and validates; head graphs match their torch
+modules; one tree pass gives the logits of sequential passes along each branch; the feature
+tap after compaction equals a plain chain's features; eagle and medusa greedy output equals
+plain greedy token for token; sampling is seeded.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.export.heads import TREE_SETTINGS
+from specdec_edge.export.head_recipes import RECIPES
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
@@ -25,38 +26,8 @@ from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import path_to, tree_inputs
 from tests.test_acceptance import CHI2_CRIT_DF7_P001
 from tests.test_light_runtime import heavy_modules, run_clean
-from tests.test_methods import assert_greedy_equals_plain, many_prompts
-
-TRAIN = dict(max_prompts=8, answer_tokens=24, draft_vocab=200, epochs=12, lr=1e-2, batch_tokens=96, save_every=2,
-             capacity=256, threads=1, progress=False)
-
-
-@pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
-    path.write_text("\n".join(str(p) for p in many_prompts(12, seed=3) if isinstance(p, str)) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_llama_dir, prompts_file):
-    """Work folder with eagle and medusa heads trained on the tiny target's own answers."""
-    from specdec_edge.export.train_draft import train_draft
-
-    out = tmp_path_factory.mktemp("heads-work")
-    for method in ("eagle", "medusa"):
-        train_draft(method, str(tiny_llama_dir), out, prompts=prompts_file, **TRAIN)
-    return out
-
-
-@pytest.fixture(scope="module")
-def heads_bundle(tmp_path_factory, tiny_llama_dir, trained):
-    from specdec_edge.export.exporter import export_bundle
-
-    out = tmp_path_factory.mktemp("bundles") / "tiny-heads"
-    return export_bundle(str(tiny_llama_dir), out, capacity=256, heads=(trained / "eagle", trained / "medusa"),
-                         progress=False)
-
+from tests.test_methods import assert_greedy_equals_plain
+from tests.tiny_models import TRAIN
 
 @pytest.fixture(scope="module")
 def plain(heads_bundle):
@@ -78,29 +49,74 @@ def test_training_lowers_the_loss(trained, method):
 
 
 def test_training_resumes_from_its_checkpoint(tmp_path, monkeypatch, trained, prompts_file):
+    from dataclasses import replace
+
     import torch
 
     from specdec_edge.export import train_draft as td
 
     bundle = trained / "target-bundle"
     calls = {"n": 0}
-    real = td.eagle_loss
+    real = RECIPES["eagle"]
 
     def interrupted(*args):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt
-        return real(*args)
+        return real.loss(*args)
 
-    monkeypatch.setattr(td, "eagle_loss", interrupted)
+    monkeypatch.setitem(RECIPES, "eagle", replace(real, loss=interrupted))
     with pytest.raises(KeyboardInterrupt):
         td.train_draft("eagle", str(bundle), tmp_path, prompts=prompts_file, **TRAIN)
     assert torch.load(tmp_path / "eagle" / "checkpoint.pt", weights_only=False)["step"] == 4
-    monkeypatch.setattr(td, "eagle_loss", real)
+    monkeypatch.setitem(RECIPES, "eagle", real)
     td.train_draft("eagle", str(bundle), tmp_path, prompts=prompts_file, **TRAIN)
     a = torch.load(tmp_path / "eagle" / "checkpoint.pt", weights_only=False)["head"]
     b = torch.load(trained / "eagle" / "checkpoint.pt", weights_only=False)["head"]
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in b)
+
+
+@pytest.mark.parametrize("method", sorted(RECIPES))
+def test_every_head_recipe_trains_exports_and_validates(tmp_path, tiny_llama_dir, method):
+    """Each registered recipe, on the tiny target: its loss trains every weight; its graph exports and validates."""
+    import json
+
+    import onnx
+    import torch
+    from safetensors.numpy import load_file
+
+    from specdec_edge.export.head_export import TOLERANCE, export_head_graph
+    from specdec_edge.export.head_modules import FrozenTarget
+    from specdec_edge.export.heads_folder import load_heads, save_heads
+
+    recipe = RECIPES[method]
+    c = json.loads((tiny_llama_dir / "config.json").read_text())
+    weights = load_file(str(tiny_llama_dir / "model.safetensors"))
+    embed = weights["model.embed_tokens.weight"]
+    lm_head = weights.get("lm_head.weight", embed)
+    vocab_ids = np.arange(0, c["vocab_size"], 2)  # a reduced draft vocabulary
+    H = c["hidden_size"]
+    cfg = recipe.config(H, c["vocab_size"], len(vocab_ids), c["num_key_value_heads"], H // c["num_attention_heads"], 3)
+    assert recipe.name == cfg.method == method and recipe.epochs >= 1
+    assert json.loads(json.dumps(recipe.tree)) == recipe.tree  # goes into the manifest as is
+    torch.manual_seed(0)
+    head = recipe.module(cfg, FrozenTarget(embed, lm_head, vocab_ids))
+    rng = np.random.default_rng(0)
+    seqs = [{"ids": rng.integers(0, c["vocab_size"], n), "features": rng.standard_normal((n, H)).astype(np.float16),
+             "answer_start": 2} for n in (9, 5)]
+    loss, agree = recipe.loss(head, seqs, 8)
+    loss.backward()
+    assert torch.isfinite(loss) and 0.0 <= agree <= 1.0
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    with torch.no_grad():  # away from Medusa's zero init, so that the graph has something to get wrong
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    loaded = load_heads(save_heads(tmp_path / method, head, vocab_ids), embed, lm_head)
+    report = export_head_graph(loaded, tmp_path / f"{method}.onnx")
+    assert report["max_rel_err"] < TOLERANCE and report["topk_ids_agreement"] == 1.0
+    graph = onnx.load(str(tmp_path / f"{method}.onnx")).graph
+    assert tuple(i.name for i in graph.input) == recipe.inputs
+    assert tuple(o.name for o in graph.output) == recipe.outputs
 
 
 def test_manifest_records_heads(heads_bundle):
@@ -113,15 +129,15 @@ def test_manifest_records_heads(heads_bundle):
         assert s["validation"]["topk_ids_agreement"] == 1.0
         assert s["training"]["prompts"] == 8 and s["config"]["draft_vocab"] == 200
         assert (heads_bundle / s["graph"]).is_file()
-        assert s["tree"] == TREE_SETTINGS[method]
+        assert s["tree"] == RECIPES[method].tree
 
 
 def test_pipeline_uses_the_recorded_tree_settings_unless_told_otherwise(plain):
     eagle = plain.with_method("eagle").proposer
-    assert (eagle.topk, eagle.nodes, eagle.depth) == tuple(TREE_SETTINGS["eagle"][k] for k in ("topk", "nodes", "depth"))
+    assert (eagle.topk, eagle.nodes, eagle.depth) == tuple(RECIPES["eagle"].tree[k] for k in ("topk", "nodes", "depth"))
     assert plain.with_method("eagle", nodes=9).proposer.nodes == 9
     medusa = plain.with_method("medusa").proposer
-    assert medusa.paths == [tuple(p) for p in TREE_SETTINGS["medusa"]["tree"]]
+    assert medusa.paths == [tuple(p) for p in RECIPES["medusa"].tree["tree"]]
 
 
 def test_info_shows_heads_and_default_method(heads_bundle):
@@ -136,7 +152,7 @@ def test_info_shows_heads_and_default_method(heads_bundle):
 
 
 def test_add_heads_writes_a_new_bundle(tmp_path, trained):
-    from specdec_edge.export.heads import add_heads
+    from specdec_edge.export.head_export import add_heads
 
     out = add_heads(trained / "target-bundle", [trained / "medusa"], tmp_path / "with-medusa")
     manifest = read_manifest(out)
@@ -231,7 +247,7 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
 
 
 def test_default_method_of_a_heads_bundle(heads_bundle, tmp_path, trained):
-    from specdec_edge.export.heads import add_heads
+    from specdec_edge.export.head_export import add_heads
 
     assert Pipeline.load(heads_bundle, threads=1).method == "pld-eagle"
     with pytest.raises(SpecdecError, match="choose one of medusa"):
@@ -319,7 +335,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "specdec_edge" / "data" / "he
 def test_shipped_heads_are_small_fp16_and_load(method):
     from safetensors import safe_open
 
-    from specdec_edge.export.heads import load_heads
+    from specdec_edge.export.heads_folder import load_heads
 
     folder = SHIPPED / method
     cfg = _config(folder)

@@ -117,3 +117,9 @@ def test_pipeline_reads_the_registry(tiny_bundle):
 def test_info_lists_the_methods_a_bundle_can_run(tiny_bundle):
     res = CliRunner().invoke(main, ["info", str(tiny_bundle)])
     assert res.exit_code == 0 and "methods: plain, draft, pld, lookahead" in res.output
+
+
+def test_head_recipes_match_the_registry():
+    from specdec_edge.export.head_recipes import HEAD_METHODS as TRAINABLE
+
+    assert TRAINABLE == HEAD_METHODS  # every head kind a method needs can be trained and exported

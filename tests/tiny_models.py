@@ -73,3 +73,8 @@ def make_model(folder: Path, kind: str = "llama", layers: int = 2, seed: int = 0
     model.save_pretrained(folder)
     make_tokenizer(folder, vocab_size)
     return folder
+
+
+# train-draft settings for heads on the tiny models: seconds, yet enough to beat chance.
+TRAIN = dict(max_prompts=8, answer_tokens=24, draft_vocab=200, epochs=12, lr=1e-2, batch_tokens=96, save_every=2,
+             capacity=256, threads=1, progress=False)

@@ -115,7 +115,7 @@ def export_bundle(
                 "tokenizer": tokenizer,
             }
         if heads:
-            from specdec_edge.export.heads import export_heads
+            from specdec_edge.export.head_export import export_heads
 
             with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]

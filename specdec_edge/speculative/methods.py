@@ -262,6 +262,8 @@ def default_head_method(heads: Iterable[str], requested: str | None = None) -> s
     """The default method recorded in a bundle with these heads: ``requested`` if they can run it, else the
     first of ``HEAD_DEFAULT_PREFERENCE`` they can."""
     choices = head_default_choices(heads)
+    if not choices:
+        raise SpecdecError("no trained heads were given; a bundle's default head method needs EAGLE or Medusa heads.")
     if requested is None:
         requested = next(m for m in HEAD_DEFAULT_PREFERENCE if m in choices)
     if requested not in choices:

@@ -1,0 +1,128 @@
+"""The torch modules of the draft heads that read the target's own hidden states: EAGLE and Medusa.
+
+Both reuse the target's embedding and LM head (``FrozenTarget``: frozen, optionally cut to a
+reduced draft vocabulary) and train only their own small weights (``train_draft.py``).
+
+* ``EagleHead``: one Llama-style decoder layer over ``fc(concat(embed(x[i+1]), f[i]))``; it
+  predicts the target's next feature ``f[i+1]``, whose LM-head logits give the token after
+  ``x[i+1]``. Features are the target graph's ``hidden_states`` (after the final norm), so
+  the LM head applies to them directly. It keeps its own small KV cache at run time.
+* ``MedusaHeads``: K residual blocks ``h + SiLU(W_i h + b_i)``; head i on ``f[t]`` predicts
+  the token ``x[t+1+i]``.
+
+How each is configured, trained and exported is its recipe (``head_recipes.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass
+class HeadConfig:
+    """Sizes of a head, saved as a heads folder's ``config.json``; ``training`` is the training summary."""
+
+    method: str  # a key of head_recipes.RECIPES: "eagle" | "medusa"
+    hidden_size: int
+    vocab_size: int  # the target's
+    draft_vocab: int  # rows of the (reduced) LM head
+    num_heads: int = 0  # eagle attention heads
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    medusa_heads: int = 0
+    training: dict = field(default_factory=dict)
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rotate(x, positions, theta):  # x [B, n, S, hd], positions [B, S]
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    freqs = positions[:, None, :, None].float() * inv  # [B, 1, S, hd/2]
+    cos, sin = torch.cat([freqs.cos()] * 2, -1), torch.cat([freqs.sin()] * 2, -1)
+    rot = torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], -1)
+    return x * cos + rot * sin
+
+
+class FrozenTarget(nn.Module):
+    """The target's embedding and (draft-vocabulary) LM head, as buffers that are never trained."""
+
+    def __init__(self, embed: np.ndarray, lm_head: np.ndarray, vocab_ids: np.ndarray):
+        super().__init__()
+        # The full-vocabulary embedding is the biggest tensor of a head graph: kept in fp16.
+        self.register_buffer("embed", torch.as_tensor(np.asarray(embed, np.float16)), persistent=False)  # [V, H]
+        head = np.asarray(lm_head, np.float32)[np.asarray(vocab_ids)]
+        self.register_buffer("lm_head_t", torch.as_tensor(np.ascontiguousarray(head.T)), persistent=False)  # [H, V']
+        self.register_buffer("vocab_ids", torch.as_tensor(np.asarray(vocab_ids, np.int64)), persistent=False)  # [V']
+
+    def embed_tokens(self, ids):  # [...] -> [..., H]
+        return self.embed[ids].float()
+
+    def logits(self, x):  # [..., H] -> [..., V']
+        return x @ self.lm_head_t
+
+
+class EagleHead(nn.Module):
+    """One decoder layer that predicts the target's next feature from the current one and the next token."""
+
+    def __init__(self, cfg: HeadConfig, target: FrozenTarget):
+        super().__init__()
+        self.cfg, self.target = cfg, target
+        H, nh, kvh, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.q_proj, self.k_proj = nn.Linear(H, nh * hd, bias=False), nn.Linear(H, kvh * hd, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(H, kvh * hd, bias=False), nn.Linear(nh * hd, H, bias=False)
+        self.gate_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
+        self.input_norm, self.post_norm = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, features, input_ids, positions, past_key, past_value, bias):
+        """features [B, S, H] (f[i]), input_ids [B, S] (x[i+1]), positions [B, S], past K/V
+        [B, P, kvh, hd], bias [B, 1, S, P+S] -> predicted f[i+1] [B, S, H], new key and value [B, S, kvh, hd].
+
+        The cache is BSNH so that the host's committed prefix is a contiguous slice (no copy)."""
+        cfg = self.cfg
+        B, S, _ = features.shape
+        x = self.fc(torch.cat([self.target.embed_tokens(input_ids), features], -1))  # [B, S, H]
+        h = rms_norm(x, self.input_norm, cfg.rms_eps)
+        q = self.q_proj(h).view(B, S, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, nh, S, hd]
+        k = self.k_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)  # [B, kvh, S, hd]
+        v = self.v_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = rotate(q, positions, cfg.rope_theta), rotate(k, positions, cfg.rope_theta)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, S, kvh, hd]
+        keys, values = torch.cat([past_key, k], 1).transpose(1, 2), torch.cat([past_value, v], 1).transpose(1, 2)
+        g = cfg.num_heads // cfg.num_kv_heads
+        keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)  # [B, nh, P+S, hd]
+        scores = q @ keys.transpose(-1, -2) * cfg.head_dim ** -0.5 + bias  # [B, nh, S, P+S]
+        attn = (scores.softmax(-1) @ values).transpose(1, 2).reshape(B, S, -1)  # [B, S, nh * hd]
+        x = x + self.o_proj(attn)
+        h = rms_norm(x, self.post_norm, cfg.rms_eps)
+        x = x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x, k, v
+
+
+class MedusaHeads(nn.Module):
+    """K residual blocks on the target's feature; each block's LM-head logits predict a token further ahead."""
+
+    def __init__(self, cfg: HeadConfig, target: FrozenTarget):
+        super().__init__()
+        self.cfg, self.target = cfg, target
+        H, K = cfg.hidden_size, cfg.medusa_heads
+        self.weight = nn.Parameter(torch.zeros(K, H, H))  # zero init: every head starts as the target's LM head
+        self.bias = nn.Parameter(torch.zeros(K, 1, H))
+
+    def forward(self, hidden):  # [R, H] -> per-head features [K, R, H]
+        return hidden + nn.functional.silu(hidden @ self.weight + self.bias)

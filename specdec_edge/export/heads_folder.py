@@ -1,0 +1,57 @@
+"""The heads folder that ``train-draft`` writes and ``export --heads`` reads: ``config.json`` + ``weights.safetensors``.
+
+``config.json`` is the ``HeadConfig`` (sizes and training summary); ``weights.safetensors``
+holds the head's own weights in fp16 and its draft vocabulary (``vocab_ids``), not the
+target's embedding or LM head, which come from the target when the folder is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdec_edge.errors import ExportError
+from specdec_edge.export.head_modules import FrozenTarget, HeadConfig
+from specdec_edge.export.head_recipes import build_head
+
+
+def trainable_state(head: nn.Module) -> dict:
+    """The head's own weights: its state dict without the frozen target's."""
+    return {k: v for k, v in head.state_dict().items() if not k.startswith("target.")}
+
+
+def save_heads(folder: Path, head: nn.Module, vocab_ids: np.ndarray) -> Path:
+    """Write ``head`` (its ``cfg`` included) and its draft vocabulary [V'] into ``folder``; returns it."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in trainable_state(head).items()}
+    tensors["vocab_ids"] = torch.as_tensor(np.asarray(vocab_ids, np.int32))
+    save_file(tensors, str(folder / "weights.safetensors"))
+    (folder / "config.json").write_text(json.dumps(asdict(head.cfg), indent=2) + "\n")
+    return folder
+
+
+def load_heads(folder: Path, embed: np.ndarray, lm_head: np.ndarray) -> nn.Module:
+    """The head saved in ``folder`` over the target's embedding [V, H] and LM head [V, H], in eval mode."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file() or not (folder / "weights.safetensors").is_file():
+        raise ExportError(f"{folder} is not a heads folder (config.json + weights.safetensors); "
+                          "train one with `specdec-edge train-draft`.")
+    cfg = HeadConfig(**json.loads((folder / "config.json").read_text()))
+    if embed.shape != (cfg.vocab_size, cfg.hidden_size):
+        raise ExportError(f"heads in {folder} were trained for vocab {cfg.vocab_size} x hidden {cfg.hidden_size}, "
+                          f"the target has {embed.shape[0]} x {embed.shape[1]}; train heads for this target.")
+    tensors = load_file(str(folder / "weights.safetensors"))
+    vocab_ids = tensors.pop("vocab_ids").numpy().astype(np.int64)
+    head = build_head(cfg, FrozenTarget(embed, lm_head, vocab_ids))
+    head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    return head.eval()
