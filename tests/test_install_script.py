@@ -103,15 +103,16 @@ def run_install(repo: Path, **env) -> subprocess.CompletedProcess:
                           env={**base, "SPECDEC_INSTALL_SKIP_PIP": "1", **env})
 
 
-def system_pythons():
-    yield pytest.param("stand-in", id="stand-in")
+def system_pythons() -> list:
+    """The stand-in everywhere; the real /usr/bin/python3 too where it is externally managed (Debian, Ubuntu)."""
     real = Path("/usr/bin/python3")
     managed = real.exists() and subprocess.run(
         [str(real), "-c", "import ensurepip, os, sysconfig, sys;"
          "sys.exit(not os.path.isfile(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"],
         capture_output=True).returncode == 0
-    yield pytest.param(str(real), id="usr-bin-python3",
-                       marks=pytest.mark.skipif(not managed, reason="no externally managed /usr/bin/python3 with venv here"))
+    return [pytest.param("stand-in", id="stand-in"),
+            pytest.param(str(real), id="usr-bin-python3",
+                         marks=pytest.mark.skipif(not managed, reason="no externally managed /usr/bin/python3 with venv here"))]
 
 
 @pytest.mark.parametrize("system", system_pythons())
@@ -142,6 +143,11 @@ def test_externally_managed_python_leads_to_the_project_venv(system, repo, tmp_p
     assert site_dirs_state(python) == before  # the system Python was not touched
     assert subprocess.run([str(python), "-c", "import sde_probe"], capture_output=True).returncode != 0
 
+    if system == "stand-in":  # not externally managed (pyenv's, python.org's): still the project's .venv
+        (Path(py(python, "import sysconfig; print(sysconfig.get_path('stdlib'))")) / "EXTERNALLY-MANAGED").unlink()
+        plain = run_install(repo, PYTHON=str(python))
+        assert plain.returncode == 0 and plain.stdout.count(f"skipped: {venv_py} -m pip install") == 2, plain.stdout
+
 
 def test_python_without_venv_module_names_the_package(repo, tmp_path):
     python = make_system_python(tmp_path / "sys", ensurepip=False)  # Debian's python3 without python3-venv
@@ -167,10 +173,3 @@ def test_active_environment_is_used_as_it_is(kind, repo, tmp_path):
     assert res.stdout.count(f"skipped: {env_dir}/bin/python") == 2, res.stdout
     assert not (repo / ".venv").exists()
 
-
-def test_plain_python_outside_any_env_also_uses_the_project_venv(repo, tmp_path):
-    """A pyenv or python.org Python (not externally managed): the same path as a distribution's."""
-    python = make_system_python(tmp_path / "sys", managed=False)
-    res = run_install(repo, PYTHON=str(python))
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count(f"skipped: {repo}/.venv/bin/python -m pip install") == 2, res.stdout
