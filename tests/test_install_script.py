@@ -48,10 +48,12 @@ def make_system_python(root: Path, *, managed: bool = True, ensurepip: bool = Tr
     for entry in stdlib.iterdir():
         if entry.name not in skip:
             (lib / entry.name).symlink_to(entry)
-    (lib / "site-packages").mkdir()
-    import pip
+    import pip  # into its own first site dir (Debian's site.py looks in lib/python3/dist-packages)
 
-    (lib / "site-packages" / "pip").symlink_to(Path(pip.__file__).parent)
+    site_dir = Path(py(exe, "import site; print(site.getsitepackages()[0])"))
+    assert site_dir.is_relative_to(root), site_dir
+    site_dir.mkdir(parents=True, exist_ok=True)
+    (site_dir / "pip").symlink_to(Path(pip.__file__).parent)
     if managed:
         (lib / "EXTERNALLY-MANAGED").write_text("[externally-managed]\nError=test stand-in for a distribution's Python\n")
     return root / "bin" / "python3"
