@@ -44,7 +44,10 @@ def main() -> None:
     inside = [0.0]
     for engine in filter(None, (pipe.target, pipe.draft)):
         timed(engine.session, inside)
-    rows = [json.loads(x) for x in resources.files("specdec_edge").joinpath("data/spec_bench_question.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for x in resources.files("specdec_edge").joinpath("data/spec_bench_question.jsonl").read_text().splitlines()
+    ]
     seen, prompts = set(), []
     for r in rows:
         if r["category"] not in seen:
@@ -63,8 +66,11 @@ def main() -> None:
         ort_s += end[1] - first[1]
         tokens += stream.result.stats.new_tokens
         passes += stream.result.stats.steps
-    print(f"method {args.method} k={args.k}: {tokens} tokens in {passes} target passes, decode {decode_s:.2f} s, "
-          f"inside ONNX Runtime {ort_s:.2f} s, outside {decode_s - ort_s:.3f} s = {100 * (decode_s - ort_s) / decode_s:.1f} %")
+    print(
+        f"method {args.method} k={args.k}: {tokens} tokens in {passes} target passes, decode {decode_s:.2f} s, "
+        f"inside ONNX Runtime {ort_s:.2f} s, outside {decode_s - ort_s:.3f} s "
+        f"= {100 * (decode_s - ort_s) / decode_s:.1f} %"
+    )
 
 
 if __name__ == "__main__":

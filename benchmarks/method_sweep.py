@@ -72,8 +72,10 @@ def main() -> None:
         n = t["tokens"]
         rate = n / t["decode"]
         other = t["decode"] - t["draft"] - t["verify"]
-        print(f"| {name} | {rate:.1f} | {rate / plain_rate:.2f}x | {n / t['steps']:.2f} | {1e3 * t['draft'] / n:.1f} "
-              f"| {1e3 * t['verify'] / n:.1f} | {1e3 * other / n:.1f} | {t['same']}/{len(prompts)} |")
+        print(
+            f"| {name} | {rate:.1f} | {rate / plain_rate:.2f}x | {n / t['steps']:.2f} | {1e3 * t['draft'] / n:.1f} "
+            f"| {1e3 * t['verify'] / n:.1f} | {1e3 * other / n:.1f} | {t['same']}/{len(prompts)} |"
+        )
 
 
 if __name__ == "__main__":

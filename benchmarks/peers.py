@@ -107,10 +107,16 @@ class Transformers:
         timer = FirstTokenTimer(ids.shape[1])
         start = time.perf_counter()
         with self.torch.inference_mode():
-            out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                      do_sample=False, streamer=timer, **extra)
+            out = self.model.generate(
+                ids,
+                attention_mask=self.torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                streamer=timer,
+                **extra,
+            )
         wall = time.perf_counter() - start
-        new = out[0, ids.shape[1]:].tolist()  # eos included, as in our new_tokens
+        new = out[0, ids.shape[1] :].tolist()  # eos included, as in our new_tokens
         return new, len(new), wall, (timer.first or start + wall) - start
 
 
@@ -140,15 +146,31 @@ class Genai:
         while not generator.is_done():
             generator.generate_next_token()
         wall = time.perf_counter() - start
-        new = [int(t) for t in generator.get_sequence(0)[len(ids):]]  # eos included
+        new = [int(t) for t in generator.get_sequence(0)[len(ids) :]]  # eos included
         return new, len(new), wall, prefill
 
 
 def genai_model(hf: Path, out: Path, precision: str) -> Path:
     """Build (once) an onnxruntime-genai CPU model from the Hugging Face folder."""
     if not (out / "genai_config.json").is_file():
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
-                        "-p", precision, "-e", "cpu", "-c", str(out.parent / "cache")], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "onnxruntime_genai.models.builder",
+                "-i",
+                str(hf),
+                "-o",
+                str(out),
+                "-p",
+                precision,
+                "-e",
+                "cpu",
+                "-c",
+                str(out.parent / "cache"),
+            ],
+            check=True,
+        )
     return out
 
 
@@ -166,8 +188,11 @@ def make_runtimes(args) -> list:
         else:
             print("skipping onnxruntime-genai: not installed (pip install onnxruntime-genai)", file=sys.stderr)
     else:
-        print("skipping transformers and onnxruntime-genai: torch/transformers are not installed "
-              "(pip install 'specdec-edge[export]')", file=sys.stderr)
+        print(
+            "skipping transformers and onnxruntime-genai: torch/transformers are not installed "
+            "(pip install 'specdec-edge[export]')",
+            file=sys.stderr,
+        )
     return runtimes
 
 
@@ -180,8 +205,12 @@ def summarize(rows: list[dict]) -> dict:
     for r in rows:
         c = cats.setdefault(r["category"], [0, 0.0])
         c[0], c[1] = c[0] + r["new_tokens"], c[1] + r["wall_s"]
-    return {"tokens_per_s": tokens / wall, "decode_tokens_per_s": tokens / (wall - prefill),
-            "prefill_s": prefill / len(rows), "by_category": {c: n / s for c, (n, s) in cats.items()}}
+    return {
+        "tokens_per_s": tokens / wall,
+        "decode_tokens_per_s": tokens / (wall - prefill),
+        "prefill_s": prefill / len(rows),
+        "by_category": {c: n / s for c, (n, s) in cats.items()},
+    }
 
 
 def measure(runtimes: list, prompts: list, rounds: int, max_new_tokens: int) -> list[dict]:
@@ -196,11 +225,24 @@ def measure(runtimes: list, prompts: list, rounds: int, max_new_tokens: int) -> 
             for rt in runtimes:
                 for speculative in (False, True):
                     ids, new_tokens, wall, prefill = rt.run(messages, speculative, max_new_tokens)
-                    rows.append({"round": rnd, "runtime": rt.name, "speculative": speculative, "question_id":
-                                 p.question_id, "category": p.category, "new_tokens": new_tokens, "wall_s": wall,
-                                 "prefill_s": prefill, "token_ids": ids})
-                    print(f"round {rnd} {rt.name} {'spec' if speculative else 'plain'} {p.question_id}: "
-                          f"{new_tokens} tokens {new_tokens / wall:.1f} tok/s", file=sys.stderr)
+                    rows.append(
+                        {
+                            "round": rnd,
+                            "runtime": rt.name,
+                            "speculative": speculative,
+                            "question_id": p.question_id,
+                            "category": p.category,
+                            "new_tokens": new_tokens,
+                            "wall_s": wall,
+                            "prefill_s": prefill,
+                            "token_ids": ids,
+                        }
+                    )
+                    print(
+                        f"round {rnd} {rt.name} {'spec' if speculative else 'plain'} {p.question_id}: "
+                        f"{new_tokens} tokens {new_tokens / wall:.1f} tok/s",
+                        file=sys.stderr,
+                    )
     return rows
 
 
@@ -208,16 +250,20 @@ def tabulate(runtimes: list, rows: list[dict], rounds: int) -> list[dict]:
     """One entry per (runtime, method): medians over rounds; speculative outputs compared with plain's."""
     table = []
     for rt in runtimes:
-        plain = {(r["round"], r["question_id"]): r["token_ids"] for r in rows
-                 if r["runtime"] == rt.name and not r["speculative"]}
+        plain = {
+            (r["round"], r["question_id"]): r["token_ids"]
+            for r in rows
+            if r["runtime"] == rt.name and not r["speculative"]
+        }
         for speculative, method in ((False, "plain"), (True, rt.spec_name)):
             mine = [r for r in rows if r["runtime"] == rt.name and r["speculative"] == speculative]
             per_round = [summarize([r for r in mine if r["round"] == rnd]) for rnd in range(rounds)]
             entry = {"runtime": rt.name, "method": method}
             for key in ("tokens_per_s", "decode_tokens_per_s", "prefill_s"):
                 entry[key] = statistics.median(s[key] for s in per_round)
-            entry["by_category"] = {c: statistics.median(s["by_category"][c] for s in per_round)
-                                    for c in per_round[0]["by_category"]}
+            entry["by_category"] = {
+                c: statistics.median(s["by_category"][c] for s in per_round) for c in per_round[0]["by_category"]
+            }
             same = sum(r["token_ids"] == plain[r["round"], r["question_id"]] for r in mine)
             entry["identical"] = f"{same} of {len(mine)}" if speculative else "–"
             table.append(entry)
@@ -225,12 +271,18 @@ def tabulate(runtimes: list, rows: list[dict], rounds: int) -> list[dict]:
 
 
 def to_markdown(table: list[dict], categories: list[str]) -> str:
-    lines = ["| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | tok/s " + " / ".join(categories)
-             + " | identical to its plain |", "|---|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | tok/s "
+        + " / ".join(categories)
+        + " | identical to its plain |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     for e in table:
         by_category = " / ".join(format(e["by_category"][c], ".1f") for c in categories)
-        lines.append(f"| {e['runtime']} | {e['method']} | {e['tokens_per_s']:.1f} | {e['decode_tokens_per_s']:.1f} "
-                     f"| {e['prefill_s']:.2f} | {by_category} | {e['identical']} |")
+        lines.append(
+            f"| {e['runtime']} | {e['method']} | {e['tokens_per_s']:.1f} | {e['decode_tokens_per_s']:.1f} "
+            f"| {e['prefill_s']:.2f} | {by_category} | {e['identical']} |"
+        )
     return "\n".join(lines)
 
 

@@ -63,7 +63,9 @@ def main() -> None:
     manifest = read_manifest(args.ref)
     tok = Tokenizer.from_bundle(args.ref, manifest.tokenizer)
     eos = set(manifest.tokenizer.eos_token_ids)
-    prompts = [tok.encode(tok.apply_chat_template(m), add_special_tokens=False) for m in load_prompts(args.prompts, args.n)]
+    prompts = [
+        tok.encode(tok.apply_chat_template(m), add_special_tokens=False) for m in load_prompts(args.prompts, args.n)
+    ]
     results = {}
     for bundle in [args.ref, *args.bundles]:
         m = read_manifest(bundle)
@@ -74,13 +76,21 @@ def main() -> None:
             outs.append(toks)
             times += st
         size = sum(e["size"] for rel, e in m.files.items() if rel.startswith("target/"))
-        results[str(bundle)] = {"dtype": f"{m.target.graph.flavour} {m.target.graph.dtype}", "outs": outs, "ms": 1000 * statistics.median(times), "mb": size / 1e6}
+        results[str(bundle)] = {
+            "dtype": f"{m.target.graph.flavour} {m.target.graph.dtype}",
+            "outs": outs,
+            "ms": 1000 * statistics.median(times),
+            "mb": size / 1e6,
+        }
     ref = results[str(args.ref)]["outs"]
     print("| graph | size (MB) | median ms / token (S=1) | identical to fp32 | mean common prefix (tokens) |")
     print("|---|---|---|---|---|")
     for r in results.values():
         same = [a == b for a, b in zip(r["outs"], ref)]
-        prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in zip(r["outs"], ref)]
+        prefix = [
+            next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            for a, b in zip(r["outs"], ref)
+        ]
         print(f"| {r['dtype']} | {r['mb']:.0f} | {r['ms']:.1f} | {sum(same)}/{len(same)} | {np.mean(prefix):.1f} |")
 
 

@@ -48,8 +48,9 @@ class ChatWindow:
         if not prompt or self.stream is not None:
             return
         try:
-            stream = self.pipe.stream([*self.history, {"role": "user", "content": prompt}],
-                                      max_new_tokens=self.max_new_tokens)
+            stream = self.pipe.stream(
+                [*self.history, {"role": "user", "content": prompt}], max_new_tokens=self.max_new_tokens
+            )
         except SpecdecError as e:
             self.status.configure(text=str(e))
             return
@@ -83,8 +84,10 @@ class ChatWindow:
     def finish(self) -> None:
         self.result = result = self.stream.result
         self.history.append({"role": "assistant", "content": result.text})
-        self.status.configure(text=f"{result.finish_reason}: {result.stats.tokens_per_s:.1f} tok/s, "
-                                   f"{result.stats.tokens_per_pass:.2f} tokens per target pass")
+        self.status.configure(
+            text=f"{result.finish_reason}: {result.stats.tokens_per_s:.1f} tok/s, "
+            f"{result.stats.tokens_per_pass:.2f} tokens per target pass"
+        )
         self.stream = None
         self.send_button.configure(state="normal")
         self.stop_button.configure(state="disabled")

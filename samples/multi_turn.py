@@ -1,6 +1,6 @@
 """A scripted multi-turn chat: the history goes through the bundle's chat template each turn.
 
-    python samples/multi_turn.py bundles/smollm2 [MAX_NEW_TOKENS]
+python samples/multi_turn.py bundles/smollm2 [MAX_NEW_TOKENS]
 """
 
 import sys

@@ -3,6 +3,7 @@ CPU reference, pld (a chain) and lookahead (a tree) give exactly the plain greed
 
     python scripts/gpu_check.py "cuda tensorrt trt" [MODEL]
 """
+
 import sys
 import tempfile
 import time
@@ -15,13 +16,21 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.runtime import open_engine
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox",
-           "def add(a, b):\n    return a + b\n\ndef add(a, b):", "Summarize the following article in three sentences.",
-           "Speculative decoding proposes tokens and verifies them in one pass.", "héllo wörld, naïve café",
-           "The quick brown fox"]
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):",
+    "Summarize the following article in three sentences.",
+    "Speculative decoding proposes tokens and verifies them in one pass.",
+    "héllo wörld, naïve café",
+    "The quick brown fox",
+]
 IDS, VERIFY = [5, 17, 42, 99, 3, 250, 7, 61], [11, 12, 13, 14, 15]
-KINDS = {"ort-fp32": ("ort", "fp32"), "ort-fp16": ("ort", "fp16"), "portable-fp32": ("portable", "fp32"),
-         "portable-fp16": ("portable", "fp16")}
+KINDS = {
+    "ort-fp32": ("ort", "fp32"),
+    "ort-fp16": ("ort", "fp16"),
+    "portable-fp32": ("portable", "fp32"),
+    "portable-fp16": ("portable", "fp16"),
+}
 
 
 def two_steps(bundle: Path, provider: str, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -52,9 +61,18 @@ def check(backend: str, name: str, pad_to: int | None, bundle: Path, ref, build_
                 same[method] += 1
     rate = {m: tokens[m] / times[m] for m in times}
     n = len(PROMPTS)
-    row = (backend, name, "-" if backend == "cpu" else str(32 if pad_to is None else pad_to), f"{load_s if build_s is None else build_s:.1f}", f"{err:.1e}", f"{same['pld']}/{n}",
-           f"{same['lookahead']}/{n}", f"{rate['plain']:.1f}", f"{rate['pld'] / rate['plain']:.2f}x",
-           f"{rate['lookahead'] / rate['plain']:.2f}x")
+    row = (
+        backend,
+        name,
+        "-" if backend == "cpu" else str(32 if pad_to is None else pad_to),
+        f"{load_s if build_s is None else build_s:.1f}",
+        f"{err:.1e}",
+        f"{same['pld']}/{n}",
+        f"{same['lookahead']}/{n}",
+        f"{rate['plain']:.1f}",
+        f"{rate['pld'] / rate['plain']:.2f}x",
+        f"{rate['lookahead'] / rate['plain']:.2f}x",
+    )
     return row, all(v == n for v in same.values())
 
 
@@ -64,16 +82,30 @@ def main() -> int:
     if not model:  # random weights in SmolLM2-135M's shape (its vocabulary aside), so speeds are representative
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.tiny_models import make_model
-        model = str(make_model(work / "model", "llama", layers=30, hidden_size=576, intermediate_size=1536,
-                               num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048))
+
+        model = str(
+            make_model(
+                work / "model",
+                "llama",
+                layers=30,
+                hidden_size=576,
+                intermediate_size=1536,
+                num_attention_heads=9,
+                num_key_value_heads=3,
+                max_position_embeddings=2048,
+            )
+        )
     t0 = time.perf_counter()
-    bundles = {name: export_bundle(model, work / name, flavour=f, dtype=d, capacity=1024, progress=False)
-               for name, (f, d) in KINDS.items()}
+    bundles = {
+        name: export_bundle(model, work / name, flavour=f, dtype=d, capacity=1024, progress=False)
+        for name, (f, d) in KINDS.items()
+    }
     print(f"export of {len(bundles)} bundles: {time.perf_counter() - t0:.1f} s", flush=True)
     build = {}
     for b in ("trt", "tensorrt"):
         if b in backends:
             from specdec_edge.export.build_engines import build_engines
+
             t0 = time.perf_counter()
             try:
                 build_engines(bundles["portable-fp16"], backends=(b,), max_verify=16, echo=lambda s: None)
@@ -92,13 +124,25 @@ def main() -> int:
         try:
             row, exact = check(b, name, pad, bundles[name], ref, build.get(b))
         except Exception as e:  # report every backend, then fail
-            row, exact = (b, name, str(pad), "-", f"failed: {type(e).__name__}: {str(e)[:300]}", "-", "-", "-", "-",
-                          "-"), False
+            row, exact = (
+                (b, name, str(pad), "-", f"failed: {type(e).__name__}: {str(e)[:300]}", "-", "-", "-", "-", "-"),
+                False,
+            )
         ok &= exact or pad == 0  # unpadded GPU rows are shown for comparison, not required to be exact
         rows.append(row)
         print("done:", row, flush=True)
-    head = ("backend", "bundle", "pad", "build/load s", "logits err vs cpu fp32", "pld == plain", "lookahead == plain",
-            "plain tok/s", "pld speedup", "lookahead speedup")
+    head = (
+        "backend",
+        "bundle",
+        "pad",
+        "build/load s",
+        "logits err vs cpu fp32",
+        "pld == plain",
+        "lookahead == plain",
+        "plain tok/s",
+        "pld speedup",
+        "lookahead speedup",
+    )
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
         print("| " + " | ".join(r) + " |")

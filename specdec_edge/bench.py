@@ -34,8 +34,17 @@ from specdec_edge.speculative.methods import METHODS
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
 OVERALL = "overall"
-KEYS = ("tokens_per_s", "decode_tokens_per_s", "prefill_s", "speedup_vs_plain", "mean_accepted_tokens",
-        "acceptance_rate", "identical_output_rate", "near_ties", "min_logit_gap")
+KEYS = (
+    "tokens_per_s",
+    "decode_tokens_per_s",
+    "prefill_s",
+    "speedup_vs_plain",
+    "mean_accepted_tokens",
+    "acceptance_rate",
+    "identical_output_rate",
+    "near_ties",
+    "min_logit_gap",
+)
 
 
 @dataclass(frozen=True)
@@ -75,8 +84,9 @@ class Run:
             self.min_logit_gap = min(self.min_logit_gap or s.min_logit_gap, s.min_logit_gap)
 
 
-def load_prompts(path: str | Path | None = None, categories: list[str] | None = None,
-                 n_per_category: int = 2) -> list[BenchPrompt]:
+def load_prompts(
+    path: str | Path | None = None, categories: list[str] | None = None, n_per_category: int = 2
+) -> list[BenchPrompt]:
     """The first ``n_per_category`` prompts of each category (all categories unless given), in file order.
 
     ``path``: a Spec-Bench style JSONL file (``question_id``, ``category``, ``turns``);
@@ -93,15 +103,19 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
             r = json.loads(line)
             rows.append(BenchPrompt(r["question_id"], r["category"], tuple(r["turns"][:2])))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise SpecdecError(f"{path} line {n} is not a prompt ({e!r}); each line needs question_id, category "
-                               "and turns (a list of one or two strings).") from None
+            raise SpecdecError(
+                f"{path} line {n} is not a prompt ({e!r}); each line needs question_id, category "
+                "and turns (a list of one or two strings)."
+            ) from None
         if not rows[-1].turns or not all(isinstance(t, str) for t in rows[-1].turns):
             raise SpecdecError(f"{path} line {n}: turns must be a list of one or two strings.")
     known = list(dict.fromkeys(r.category for r in rows))
     unknown = [c for c in categories or () if c not in known]
     if unknown:
-        raise SpecdecError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} in {path}; "
-                           f"choose from {', '.join(known)}.")
+        raise SpecdecError(
+            f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} in {path}; "
+            f"choose from {', '.join(known)}."
+        )
     picked = []
     for category in categories or known:
         picked += [r for r in rows if r.category == category][:n_per_category]
@@ -112,14 +126,26 @@ def check_methods(methods: list[str]) -> list[str]:
     """``["pld", "draft"]`` -> ``["plain", "pld", "draft"]``: plain always runs first, as the baseline."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
-        raise SpecdecError(f"unknown method {', '.join(map(repr, unknown)) or '(none given)'}; choose from "
-                           f"{', '.join(METHODS)} (--methods takes a comma-separated list, e.g. plain,pld).")
+        raise SpecdecError(
+            f"unknown method {', '.join(map(repr, unknown)) or '(none given)'}; choose from "
+            f"{', '.join(METHODS)} (--methods takes a comma-separated list, e.g. plain,pld)."
+        )
     return list(dict.fromkeys(["plain", *methods]))
 
 
-def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: int = 4, max_new_tokens: int = 128,
-              meta: dict | None = None, progress: bool = True, options: dict | None = None,
-              temperature: float = 0.0, seed: int = 0) -> dict:
+def run_bench(
+    pipeline,
+    methods: list[str],
+    prompts: list[BenchPrompt],
+    *,
+    k: int = 4,
+    max_new_tokens: int = 128,
+    meta: dict | None = None,
+    progress: bool = True,
+    options: dict | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> dict:
     """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
 
     Methods the pipeline cannot run (e.g. "draft" without a draft model) are listed under
@@ -168,15 +194,32 @@ def run_bench(pipeline, methods: list[str], prompts: list[BenchPrompt], *, k: in
     groups = {c: [i for i, p in enumerate(prompts) if p.category == c and i in runs["plain"]] for c in cats}
     groups = {c: ids for c, ids in groups.items() if ids}
     groups[OVERALL] = sorted(runs["plain"])
-    results = {m: {c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids], temperature == 0)
-                   for c, ids in groups.items()} for m in pipes}
-    info = {"methods": list(pipes), "k": k, "max_new_tokens": max_new_tokens, "temperature": temperature,
-            "seed": seed, "lossy_methods": [m for m in pipes if METHODS[m].lossy],
-            "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": versions(),
-            **(meta or {})}
-    return {"meta": info, "results": results, "skipped_methods": skipped, "skipped_prompts": skipped_prompts,
-            "divergences": divergences}
+    results = {
+        m: {
+            c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids], temperature == 0)
+            for c, ids in groups.items()
+        }
+        for m in pipes
+    }
+    info = {
+        "methods": list(pipes),
+        "k": k,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "lossy_methods": [m for m in pipes if METHODS[m].lossy],
+        "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        **(meta or {}),
+    }
+    return {
+        "meta": info,
+        "results": results,
+        "skipped_methods": skipped,
+        "skipped_prompts": skipped_prompts,
+        "divergences": divergences,
+    }
 
 
 def _warm_up(pipes: dict) -> None:
@@ -212,9 +255,17 @@ def _divergences(method: str, prompt: BenchPrompt, plain: Run, run: Run) -> list
     for turn, (a, b) in enumerate(zip(plain.turn_ids, run.turn_ids), 1):
         if a != b:
             pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            out.append({"method": method, "question_id": prompt.question_id, "category": prompt.category,
-                        "turn": turn, "position": pos, "plain_token": a[pos] if pos < len(a) else None,
-                        "method_token": b[pos] if pos < len(b) else None})
+            out.append(
+                {
+                    "method": method,
+                    "question_id": prompt.question_id,
+                    "category": prompt.category,
+                    "turn": turn,
+                    "position": pos,
+                    "plain_token": a[pos] if pos < len(a) else None,
+                    "method_token": b[pos] if pos < len(b) else None,
+                }
+            )
     return out
 
 
@@ -236,8 +287,9 @@ def _aggregate(runs: list[Run], plain: list[Run], comparable: bool = True) -> di
         "speedup_vs_plain": tps / plain_tps if plain_tps > 0 else None,
         "mean_accepted_tokens": tokens / steps if steps else 0.0,
         "acceptance_rate": sum(r.accepted for r in runs) / proposed if proposed else None,
-        "identical_output_rate": (sum(r.turn_ids == p.turn_ids for r, p in zip(runs, plain)) / len(runs)
-                                  if comparable else None),
+        "identical_output_rate": (
+            sum(r.turn_ids == p.turn_ids for r, p in zip(runs, plain)) / len(runs) if comparable else None
+        ),
         "near_ties": sum(r.near_ties for r in runs),
         "min_logit_gap": min((r.min_logit_gap for r in runs if r.min_logit_gap is not None), default=None),
     }
@@ -258,8 +310,13 @@ def bundle_metadata(bundle: str | Path) -> dict:
     """What the report says about the bundle: path, model sources, precision."""
     manifest = read_manifest(bundle)
     draft = manifest.draft
-    return {"bundle": str(bundle), "model_source": manifest.target.source, "dtype": manifest.target.graph.dtype,
-            "flavour": manifest.target.graph.flavour, "draft_source": draft.source if draft else None}
+    return {
+        "bundle": str(bundle),
+        "model_source": manifest.target.source,
+        "dtype": manifest.target.graph.dtype,
+        "flavour": manifest.target.graph.flavour,
+        "draft_source": draft.source if draft else None,
+    }
 
 
 def model_name(meta: dict) -> str:
@@ -277,31 +334,40 @@ def to_markdown(report: dict) -> str:
     temperature = meta.get("temperature", 0.0)
     mode = "greedy" if not temperature else f"sampling at temperature {temperature} (outputs not compared)"
     lossy = set(meta.get("lossy_methods", ()))
-    lines = [f"Bench of {model_name(meta)} ({meta.get('dtype', '?')}), "
-             f"{mode}, k={meta['k']}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
-             f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.", "",
-             "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
-             "| identical | near-ties |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Bench of {model_name(meta)} ({meta.get('dtype', '?')}), "
+        f"{mode}, k={meta['k']}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
+        f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.",
+        "",
+        "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
+        "| identical | near-ties |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     categories = next(iter(report["results"].values()), {})
     for c in categories:
         for m, rows in report["results"].items():
             r = rows[c]
             label = f"{m} (lossy)" if m in lossy else m
-            lines.append(f"| {c} | {label} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
-                         f"{r['prefill_s']:.3f} | {_fmt(r['speedup_vs_plain'], '.2f')}x | "
-                         f"{r['mean_accepted_tokens']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | "
-                         f"{_fmt(r['identical_output_rate'], '.0%')} | {r['near_ties']} |")
+            lines.append(
+                f"| {c} | {label} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+                f"{r['prefill_s']:.3f} | {_fmt(r['speedup_vs_plain'], '.2f')}x | "
+                f"{r['mean_accepted_tokens']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | "
+                f"{_fmt(r['identical_output_rate'], '.0%')} | {r['near_ties']} |"
+            )
     if lossy:
-        lines.append(f"\n(lossy): {', '.join(sorted(lossy))} trade exactness for acceptance when sampling: the "
-                     "output no longer follows the target's distribution (greedy stays exact).")
+        lines.append(
+            f"\n(lossy): {', '.join(sorted(lossy))} trade exactness for acceptance when sampling: the "
+            "output no longer follows the target's distribution (greedy stays exact)."
+        )
     for m, reason in report["skipped_methods"].items():
         lines.append(f"\nSkipped method {m}: {reason}")
     for p in report["skipped_prompts"]:
         lines.append(f"\nSkipped prompt {p['question_id']} ({p['category']}): {p['reason']}")
     for d in report["divergences"]:
-        lines.append(f"\nDIVERGENCE: {d['method']} differs from plain on prompt {d['question_id']} ({d['category']}) "
-                     f"turn {d['turn']} at token {d['position']}.")
+        lines.append(
+            f"\nDIVERGENCE: {d['method']} differs from plain on prompt {d['question_id']} ({d['category']}) "
+            f"turn {d['turn']} at token {d['position']}."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -310,8 +376,10 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise SpecdecError("--plot needs matplotlib: `pip install matplotlib` "
-                           "(or `pip install specdec-edge[bench]`), or leave out --plot.") from None
+        raise SpecdecError(
+            "--plot needs matplotlib: `pip install matplotlib` "
+            "(or `pip install specdec-edge[bench]`), or leave out --plot."
+        ) from None
 
 
 def plot_speedups(report: dict, out: str | Path) -> None:

@@ -112,7 +112,7 @@ class Manifest:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Manifest":
+    def from_json(cls, data: dict) -> Manifest:
         def model(d):
             if d is None:
                 return None
@@ -180,7 +180,7 @@ class StagingDir:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
 
-    def __enter__(self) -> "StagingDir":
+    def __enter__(self) -> StagingDir:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -264,6 +264,7 @@ def verify_bundle(bundle: Path | str) -> list[str]:
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:
     """A short JSON-able summary for `specdec-edge info`."""
+
     def model(m: ModelSpec | None):
         if m is None:
             return None
@@ -290,9 +291,15 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
         "chat_template": manifest.tokenizer.chat_template is not None,
         "files": len(manifest.files),
         "total_bytes": sum(e["size"] for e in manifest.files.values()),
-        "heads": {m: {"draft_vocab": h.get("config", {}).get("draft_vocab"), "tree": h.get("tree", {}),
-                      "training_tokens": h.get("training", {}).get("tokens"),
-                      "max_rel_err": h.get("validation", {}).get("max_rel_err")}
-                  for m, h in (manifest.heads or {}).items() if m != "default"},
+        "heads": {
+            m: {
+                "draft_vocab": h.get("config", {}).get("draft_vocab"),
+                "tree": h.get("tree", {}),
+                "training_tokens": h.get("training", {}).get("tokens"),
+                "max_rel_err": h.get("validation", {}).get("max_rel_err"),
+            }
+            for m, h in (manifest.heads or {}).items()
+            if m != "default"
+        },
         "default_method": (manifest.heads or {}).get("default"),
     }

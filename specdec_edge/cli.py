@@ -42,18 +42,43 @@ def main():
 @click.option("--target", required=True, help="Hugging Face id, local model folder, or .gguf file.")
 @click.option("--draft", default=None, help="Optional draft model (same tokenizer as the target).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory to write.")
-@click.option("--flavour", type=click.Choice(["ort", "portable"]), default="ort", show_default=True,
-              help="ort: fused ONNX Runtime attention (fastest on CPU); portable: standard ONNX ops (TensorRT).")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
-              help="Weight precision; int8/int4 are CPU quantizations of the ort flavour.")
-@click.option("--capacity", type=int, default=2048, show_default=True, help="KV cache capacity in tokens (prompt + output).")
-@click.option("--hidden-states/--no-hidden-states", default=False, show_default=True,
-              help="Also output the last hidden states (for EAGLE/Medusa heads).")
-@click.option("--heads", "heads", multiple=True, type=click.Path(exists=True, file_okay=False),
-              help="A trained heads folder from `train-draft` (repeatable: eagle and medusa); implies --hidden-states.")
-@click.option("--heads-default", type=click.Choice(head_default_choices()), default=None,
-              help="Method the bundle runs when none is asked for. Default: pld-eagle with EAGLE heads (prompt lookup "
-                   "where text repeats, else EAGLE: the fastest measured on a CPU), else medusa.")
+@click.option(
+    "--flavour",
+    type=click.Choice(["ort", "portable"]),
+    default="ort",
+    show_default=True,
+    help="ort: fused ONNX Runtime attention (fastest on CPU); portable: standard ONNX ops (TensorRT).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+    default="fp32",
+    show_default=True,
+    help="Weight precision; int8/int4 are CPU quantizations of the ort flavour.",
+)
+@click.option(
+    "--capacity", type=int, default=2048, show_default=True, help="KV cache capacity in tokens (prompt + output)."
+)
+@click.option(
+    "--hidden-states/--no-hidden-states",
+    default=False,
+    show_default=True,
+    help="Also output the last hidden states (for EAGLE/Medusa heads).",
+)
+@click.option(
+    "--heads",
+    "heads",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="A trained heads folder from `train-draft` (repeatable: eagle and medusa); implies --hidden-states.",
+)
+@click.option(
+    "--heads-default",
+    type=click.Choice(head_default_choices()),
+    default=None,
+    help="Method the bundle runs when none is asked for. Default: pld-eagle with EAGLE heads (prompt lookup "
+    "where text repeats, else EAGLE: the fastest measured on a CPU), else medusa.",
+)
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
 def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, heads_default, revision, force):
@@ -69,38 +94,99 @@ def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, h
     """
     from specdec_edge.export.exporter import export_bundle
 
-    path = export_bundle(target, out, draft=draft, flavour=flavour, dtype=dtype, capacity=capacity,
-                         hidden_states=hidden_states, heads=heads, heads_default=heads_default, force=force,
-                         revision=revision)
+    path = export_bundle(
+        target,
+        out,
+        draft=draft,
+        flavour=flavour,
+        dtype=dtype,
+        capacity=capacity,
+        hidden_states=hidden_states,
+        heads=heads,
+        heads_default=heads_default,
+        force=force,
+        revision=revision,
+    )
     click.echo(f"Wrote bundle {path}")
 
 
 @main.command("train-draft", context_settings=CONTEXT)
 @click.option("--method", type=click.Choice(["eagle", "medusa"]), required=True, help="Which heads to train.")
-@click.option("--target", required=True, help="Hugging Face id, model folder, .gguf file, or a bundle with hidden states.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Work folder (bundle, data, checkpoint); the heads land in OUT/METHOD. Rerun to resume.")
-@click.option("--prompts", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Spec-Bench style JSONL (first turns are used) or a text file, one prompt a line. "
-                   "Default: the packaged Spec-Bench copy.")
-@click.option("--max-prompts", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Use this many prompts, spread over the file (0: all). The defaults are the shipped heads' "
-                   "recipe: SmolLM2-135M eagle in 27 min, medusa in 3.5 min on 2 CPU cores.")
-@click.option("--holdout", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Leave out the first N prompts of each JSONL category (what `bench` measures by default).")
-@click.option("--answer-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Greedy answer length the target generates per prompt.")
-@click.option("--draft-vocab", type=click.IntRange(min=0), default=4096, show_default=True,
-              help="Reduced draft vocabulary: the N most frequent answer tokens (0: the full vocabulary).")
+@click.option(
+    "--target", required=True, help="Hugging Face id, model folder, .gguf file, or a bundle with hidden states."
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Work folder (bundle, data, checkpoint); the heads land in OUT/METHOD. Rerun to resume.",
+)
+@click.option(
+    "--prompts",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Spec-Bench style JSONL (first turns are used) or a text file, one prompt a line. "
+    "Default: the packaged Spec-Bench copy.",
+)
+@click.option(
+    "--max-prompts",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Use this many prompts, spread over the file (0: all). The defaults are the shipped heads' "
+    "recipe: SmolLM2-135M eagle in 27 min, medusa in 3.5 min on 2 CPU cores.",
+)
+@click.option(
+    "--holdout",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Leave out the first N prompts of each JSONL category (what `bench` measures by default).",
+)
+@click.option(
+    "--answer-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Greedy answer length the target generates per prompt.",
+)
+@click.option(
+    "--draft-vocab",
+    type=click.IntRange(min=0),
+    default=4096,
+    show_default=True,
+    help="Reduced draft vocabulary: the N most frequent answer tokens (0: the full vocabulary).",
+)
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 3 for medusa.")
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--medusa-heads", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--save-every", type=click.IntRange(min=1), default=20, show_default=True, help="Checkpoint interval (steps).")
-@click.option("--max-minutes", type=float, default=0.0, show_default=True,
-              help="Stop training after this long and save (0: no limit); rerun to continue.")
+@click.option(
+    "--save-every", type=click.IntRange(min=1), default=20, show_default=True, help="Checkpoint interval (steps)."
+)
+@click.option(
+    "--max-minutes",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Stop training after this long and save (0: no limit); rerun to continue.",
+)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
-def train_draft(method, target, out, prompts, max_prompts, holdout, answer_tokens, draft_vocab, epochs, lr, medusa_heads,
-                save_every, max_minutes, threads):
+def train_draft(
+    method,
+    target,
+    out,
+    prompts,
+    max_prompts,
+    holdout,
+    answer_tokens,
+    draft_vocab,
+    epochs,
+    lr,
+    medusa_heads,
+    save_every,
+    max_minutes,
+    threads,
+):
     """Train EAGLE or Medusa heads on the target's own greedy answers (self-distillation).
 
     \b
@@ -110,9 +196,22 @@ def train_draft(method, target, out, prompts, max_prompts, holdout, answer_token
     """
     from specdec_edge.export.train_draft import train_draft as run
 
-    folder = run(method, target, out, prompts=prompts, max_prompts=max_prompts, holdout=holdout,
-                 answer_tokens=answer_tokens, draft_vocab=draft_vocab, epochs=epochs, lr=lr, medusa_heads=medusa_heads,
-                 save_every=save_every, max_minutes=max_minutes, threads=threads)
+    folder = run(
+        method,
+        target,
+        out,
+        prompts=prompts,
+        max_prompts=max_prompts,
+        holdout=holdout,
+        answer_tokens=answer_tokens,
+        draft_vocab=draft_vocab,
+        epochs=epochs,
+        lr=lr,
+        medusa_heads=medusa_heads,
+        save_every=save_every,
+        max_minutes=max_minutes,
+        threads=threads,
+    )
     click.echo(f"Wrote {method} heads to {folder}; add them with `specdec-edge export --heads {folder} ...`")
 
 
@@ -134,24 +233,32 @@ def info(bundle, as_json):
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"bundle {bundle} (schema {summary['schema_version']}, exported by specdec-edge "
-               f"{summary['exporter']['version']} on {summary['exporter'].get('created', '?')})")
+    click.echo(
+        f"bundle {bundle} (schema {summary['schema_version']}, exported by specdec-edge "
+        f"{summary['exporter']['version']} on {summary['exporter'].get('created', '?')})"
+    )
     for role in ("target", "draft"):
         m = summary[role]
         if m is None:
             continue
         v = m["validation"]
         click.echo(f"  {role}: {m['source']}")
-        click.echo(f"    {m['architecture']}, {m['layers']} layers, vocab {m['vocab_size']}, {m['dtype']}, "
-                   f"{m['flavour']} graph, cache {m['cache_capacity']} tokens"
-                   + (", hidden states" if m["hidden_states"] else ""))
-        click.echo(f"    validation vs PyTorch: max rel err {v.get('max_rel_err', float('nan')):.2e} "
-                   f"(tolerance {v.get('tolerance')}), top-1 agreement {v.get('top1_agreement', 0):.0%}")
+        click.echo(
+            f"    {m['architecture']}, {m['layers']} layers, vocab {m['vocab_size']}, {m['dtype']}, "
+            f"{m['flavour']} graph, cache {m['cache_capacity']} tokens"
+            + (", hidden states" if m["hidden_states"] else "")
+        )
+        click.echo(
+            f"    validation vs PyTorch: max rel err {v.get('max_rel_err', float('nan')):.2e} "
+            f"(tolerance {v.get('tolerance')}), top-1 agreement {v.get('top1_agreement', 0):.0%}"
+        )
     for method, h in summary["heads"].items():
         tree = ", ".join(f"{k} {v}" for k, v in h["tree"].items()) or "proposer defaults"
         tokens = f"{h['training_tokens']:,}" if isinstance(h["training_tokens"], int) else "?"
-        click.echo(f"  {method} heads: draft vocab {h['draft_vocab']}, tree: {tree}; trained on {tokens} tokens; "
-                   f"max rel err vs PyTorch {h['max_rel_err']:.1e}")
+        click.echo(
+            f"  {method} heads: draft vocab {h['draft_vocab']}, tree: {tree}; trained on {tokens} tokens; "
+            f"max rel err vs PyTorch {h['max_rel_err']:.1e}"
+        )
     if summary["default_method"]:
         click.echo(f"  default method: {summary['default_method']}")
     click.echo(f"  methods: {', '.join(summary['methods'])}")
@@ -174,21 +281,36 @@ def verify(bundle):
     if bad:
         for rel in bad:
             click.echo(f"MISMATCH {rel}", err=True)
-        click.echo(f"Error: {len(bad)} file(s) in {bundle} do not match the manifest; re-copy or re-export the bundle.",
-                   err=True)
+        click.echo(
+            f"Error: {len(bad)} file(s) in {bundle} do not match the manifest; re-copy or re-export the bundle.",
+            err=True,
+        )
         sys.exit(1)
     click.echo(f"OK: every file in {bundle} matches its sha256.")
 
 
 @main.command("build-engines", context_settings=CONTEXT)
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@click.option("--backend", "backends", multiple=True, type=click.Choice(["trt", "tensorrt"]),
-              help="trt: TensorRT engine (provider 'trt'); tensorrt: ONNX Runtime EPContext model (provider "
-                   "'tensorrt'). Repeatable; default both.")
-@click.option("--max-verify", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Largest verify pass (tokens of a chain or tree) the engines must accept.")
-@click.option("--hardware-compatible", is_flag=True,
-              help="TensorRT engine that also runs on other Ampere-or-newer GPUs (somewhat slower).")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["trt", "tensorrt"]),
+    help="trt: TensorRT engine (provider 'trt'); tensorrt: ONNX Runtime EPContext model (provider "
+    "'tensorrt'). Repeatable; default both.",
+)
+@click.option(
+    "--max-verify",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Largest verify pass (tokens of a chain or tree) the engines must accept.",
+)
+@click.option(
+    "--hardware-compatible",
+    is_flag=True,
+    help="TensorRT engine that also runs on other Ampere-or-newer GPUs (somewhat slower).",
+)
 def build_engines(bundle, backends, max_verify, hardware_compatible):
     """Build TensorRT engines for a portable-flavour bundle on this GPU, into BUNDLE/trt/<gpu>_<version>/.
 
@@ -199,22 +321,44 @@ def build_engines(bundle, backends, max_verify, hardware_compatible):
     """
     from specdec_edge.export.build_engines import build_engines as run
 
-    folder = run(bundle, backends=backends or ("trt", "tensorrt"), max_verify=max_verify,
-                 hardware_compatible=hardware_compatible, echo=click.echo)
+    folder = run(
+        bundle,
+        backends=backends or ("trt", "tensorrt"),
+        max_verify=max_verify,
+        hardware_compatible=hardware_compatible,
+        echo=click.echo,
+    )
     click.echo(f"Wrote engines to {folder}")
 
 
 @main.command(context_settings=CONTEXT)
 @click.option("--prompt", default=None, help="Your own prompt (default: a Spec-Bench summarization task).")
-@click.option("--method", type=click.Choice([m.name for m in METHODS.values()
-                                             if m.speculative and not m.lossy and set(m.needs) <= {"eagle"}]),
-              default=None,
-              help="Speculative method to compare with plain decoding. Default: the bundle's (pld-eagle: prompt "
-                   "lookup where text repeats, else the shipped EAGLE head; pld for --dtype int8/int4).")
-@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True, help="Speculation length (the setting docs/PERFORMANCE.md measures).")
+@click.option(
+    "--method",
+    type=click.Choice(
+        [m.name for m in METHODS.values() if m.speculative and not m.lossy and set(m.needs) <= {"eagle"}]
+    ),
+    default=None,
+    help="Speculative method to compare with plain decoding. Default: the bundle's (pld-eagle: prompt "
+    "lookup where text repeats, else the shipped EAGLE head; pld for --dtype int8/int4).",
+)
+@click.option(
+    "-k",
+    "--k",
+    "k",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Speculation length (the setting docs/PERFORMANCE.md measures).",
+)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
-              help="Precision of the default bundle.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+    default="fp32",
+    show_default=True,
+    help="Precision of the default bundle.",
+)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
 def demo(prompt, method, k, max_new_tokens, dtype, threads):
     """Run the embedded default model (SmolLM2-135M-Instruct): speculative vs plain on one prompt.
@@ -229,8 +373,16 @@ def demo(prompt, method, k, max_new_tokens, dtype, threads):
     """
     from specdec_edge.demo import run_demo
 
-    run_demo(prompt, method=method, k=k, max_new_tokens=max_new_tokens, threads=threads, dtype=dtype,
-             echo=click.echo, write=lambda text: click.echo(text, nl=False))
+    run_demo(
+        prompt,
+        method=method,
+        k=k,
+        max_new_tokens=max_new_tokens,
+        threads=threads,
+        dtype=dtype,
+        echo=click.echo,
+        write=lambda text: click.echo(text, nl=False),
+    )
 
 
 def _register_runtime_commands() -> None:

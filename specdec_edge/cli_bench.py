@@ -13,31 +13,83 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 @click.command(context_settings=CONTEXT)
 @click.argument("bundle", type=click.Path())
-@click.option("--methods", default="plain,pld,draft", show_default=True,
-              help=f"Comma-separated methods ({', '.join(METHODS)}); plain always runs as the "
-                   "baseline. Methods the bundle cannot run are skipped with a message.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
-              help="Spec-Bench style JSONL (question_id, category, turns). Default: the packaged Spec-Bench copy.")
+@click.option(
+    "--methods",
+    default="plain,pld,draft",
+    show_default=True,
+    help=f"Comma-separated methods ({', '.join(METHODS)}); plain always runs as the "
+    "baseline. Methods the bundle cannot run are skipped with a message.",
+)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Spec-Bench style JSONL (question_id, category, turns). Default: the packaged Spec-Bench copy.",
+)
 @click.option("--categories", default=None, help="Comma-separated categories (default: all in the file).")
-@click.option("--n-per-category", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Prompts per category (the first ones in the file).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="New tokens per turn at most.")
-@click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Speculation length: draft tokens verified per target pass.")
+@click.option(
+    "--n-per-category",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Prompts per category (the first ones in the file).",
+)
+@click.option(
+    "--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per turn at most."
+)
+@click.option(
+    "-k",
+    "--k",
+    "k",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Speculation length: draft tokens verified per target pass.",
+)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads per model.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="0: greedy, outputs compared with plain's. Above 0: sampled with --seed, outputs not compared "
-                   "(speed and acceptance only), e.g. to measure medusa-typical.")
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="0: greedy, outputs compared with plain's. Above 0: sampled with --seed, outputs not compared "
+    "(speed and acceptance only), e.g. to measure medusa-typical.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed of every call (--temperature > 0).")
-@click.option("-o", "--option", "options", multiple=True, metavar="METHOD.KEY=VALUE",
-              help=f"Method option, repeatable, e.g. pld.max_ngram=4, lookahead.window=5 ({options_help()}).")
+@click.option(
+    "-o",
+    "--option",
+    "options",
+    multiple=True,
+    metavar="METHOD.KEY=VALUE",
+    help=f"Method option, repeatable, e.g. pld.max_ngram=4, lookahead.window=5 ({options_help()}).",
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
 @click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
-@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG bar chart of speedups (needs matplotlib).")
-def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tokens, k, threads, temperature, seed,
-          options, json_out, md_out, plot_out):
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a PNG bar chart of speedups (needs matplotlib).",
+)
+def bench(
+    bundle,
+    methods,
+    prompts_file,
+    categories,
+    n_per_category,
+    max_new_tokens,
+    k,
+    threads,
+    temperature,
+    seed,
+    options,
+    json_out,
+    md_out,
+    plot_out,
+):
     """Benchmark methods against plain greedy decoding on the same engines, per category.
 
     Prompts run one by one, plain then each method, so load affects all alike. Every
@@ -53,8 +105,15 @@ def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tok
       specdec-edge bench bundles/smollm2 --methods plain,lookahead -o lookahead.window=3 -o lookahead.guesses=2
       specdec-edge bench bundles/heads --methods plain,medusa,medusa-typical --temperature 0.7
     """
-    from specdec_edge.bench import (bundle_metadata, check_methods, load_prompts, plot_speedups, require_matplotlib,
-                                    run_bench, to_markdown)
+    from specdec_edge.bench import (
+        bundle_metadata,
+        check_methods,
+        load_prompts,
+        plot_speedups,
+        require_matplotlib,
+        run_bench,
+        to_markdown,
+    )
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
 
@@ -64,17 +123,33 @@ def bench(bundle, methods, prompts_file, categories, n_per_category, max_new_tok
         require_matplotlib()
     cats = [c.strip() for c in categories.split(",") if c.strip()] if categories else None
     prompts = load_prompts(prompts_file, cats, n_per_category)
-    meta = {**bundle_metadata(bundle), "threads": threads, "n_per_category": n_per_category,
-            "prompts_file": prompts_file or "packaged Spec-Bench"}
+    meta = {
+        **bundle_metadata(bundle),
+        "threads": threads,
+        "n_per_category": n_per_category,
+        "prompts_file": prompts_file or "packaged Spec-Bench",
+    }
     pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads)
     meta["options"] = method_options
-    report = run_bench(pipe, wanted, prompts, k=k, max_new_tokens=max_new_tokens, meta=meta, options=method_options,
-                       temperature=temperature, seed=seed)
+    report = run_bench(
+        pipe,
+        wanted,
+        prompts,
+        k=k,
+        max_new_tokens=max_new_tokens,
+        meta=meta,
+        options=method_options,
+        temperature=temperature,
+        seed=seed,
+    )
     for m, reason in report["skipped_methods"].items():
         click.echo(f"Skipped method {m}: {reason}", err=True)
     for d in report["divergences"]:
-        click.echo(f"Warning: {d['method']} differs from plain on prompt {d['question_id']} turn {d['turn']} "
-                   f"at token {d['position']}.", err=True)
+        click.echo(
+            f"Warning: {d['method']} differs from plain on prompt {d['question_id']} turn {d['turn']} "
+            f"at token {d['position']}.",
+            err=True,
+        )
     table = to_markdown(report)
     click.echo(table)
     if json_out:

@@ -27,8 +27,9 @@ def parse_options(values, *, per_method: bool = False) -> dict:
         if per_method:
             method, dot, key = key.partition(".")
             if not dot or not key:
-                raise click.BadParameter(f"{item!r} needs METHOD.KEY=VALUE, e.g. pld.max_ngram=4",
-                                         param_hint="-o/--option")
+                raise click.BadParameter(
+                    f"{item!r} needs METHOD.KEY=VALUE, e.g. pld.max_ngram=4", param_hint="-o/--option"
+                )
             out.setdefault(method, {})[key] = parse_value(value)
         else:
             out[key] = parse_value(value)

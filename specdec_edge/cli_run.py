@@ -17,26 +17,60 @@ def generation_options(f):
     """The options shared by `chat` and `generate`."""
     options = [
         click.argument("bundle", type=click.Path()),
-        click.option("--method", type=click.Choice(list(METHODS)), default=None,
-                     help="Default: the bundle's own (its heads' method, else draft when it has a draft model, else "
-                          "plain). " + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + "."),
-        click.option("-k", "--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
-                     help="Speculation length: draft tokens verified per target pass."),
-        click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
-                     help="Stop after this many new tokens."),
+        click.option(
+            "--method",
+            type=click.Choice(list(METHODS)),
+            default=None,
+            help="Default: the bundle's own (its heads' method, else draft when it has a draft model, else "
+            "plain). " + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + ".",
+        ),
+        click.option(
+            "-k",
+            "--k",
+            "k",
+            type=click.IntRange(min=1),
+            default=4,
+            show_default=True,
+            help="Speculation length: draft tokens verified per target pass.",
+        ),
+        click.option(
+            "--max-new-tokens",
+            type=click.IntRange(min=1),
+            default=256,
+            show_default=True,
+            help="Stop after this many new tokens.",
+        ),
         click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 turns it off."),
         click.option("--top-p", type=float, default=1.0, show_default=True, help="1 turns it off."),
         click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
-                     help="CPU threads per model (default: ONNX Runtime's choice)."),
-        click.option("--allow-inexact", is_flag=True,
-                     help="Allow speculation on int8/int4 bundles, where batched verification can change the output."),
-        click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
-                     help=f"Method option, repeatable ({options_help()}); see the README's methods table."),
-        click.option("--provider", type=click.Choice(list(BACKENDS)), default="cpu", show_default=True,
-                     help="cpu; cuda or tensorrt: ONNX Runtime GPU providers (onnxruntime-gpu); trt: TensorRT engines "
-                          "built by `build-engines`."),
+        click.option(
+            "--threads",
+            type=click.IntRange(min=1),
+            default=None,
+            help="CPU threads per model (default: ONNX Runtime's choice).",
+        ),
+        click.option(
+            "--allow-inexact",
+            is_flag=True,
+            help="Allow speculation on int8/int4 bundles, where batched verification can change the output.",
+        ),
+        click.option(
+            "-o",
+            "--option",
+            "options",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help=f"Method option, repeatable ({options_help()}); see the README's methods table.",
+        ),
+        click.option(
+            "--provider",
+            type=click.Choice(list(BACKENDS)),
+            default="cpu",
+            show_default=True,
+            help="cpu; cuda or tensorrt: ONNX Runtime GPU providers (onnxruntime-gpu); trt: TensorRT engines "
+            "built by `build-engines`.",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
@@ -47,19 +81,42 @@ def load(bundle, method, k, threads, options=(), provider="cpu", allow_inexact=F
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
 
-    return Pipeline.load(bundle, method=method, k=k, threads=threads, provider=provider, allow_inexact=allow_inexact,
-                         **parse_options(options))
+    return Pipeline.load(
+        bundle,
+        method=method,
+        k=k,
+        threads=threads,
+        provider=provider,
+        allow_inexact=allow_inexact,
+        **parse_options(options),
+    )
 
 
 def stats_line(stats) -> str:
-    return (f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
-            f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms]")
+    return (
+        f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
+        f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms]"
+    )
 
 
 @click.command(context_settings=CONTEXT)
 @generation_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
-def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, allow_inexact, options, provider, system):
+def chat(
+    bundle,
+    method,
+    k,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    threads,
+    allow_inexact,
+    options,
+    provider,
+    system,
+):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
@@ -74,8 +131,11 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
     pipe = load(bundle, method, k, threads, options, provider, allow_inexact)
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
-    click.echo(f"specdec-edge chat ({pipe.method}" + (f", k={pipe.k}" if pipe.method == "draft" else "")
-               + "). /reset, /stats, /exit.")
+    click.echo(
+        f"specdec-edge chat ({pipe.method}"
+        + (f", k={pipe.k}" if pipe.method == "draft" else "")
+        + "). /reset, /stats, /exit."
+    )
     while True:
         try:
             line = input(">>> ")
@@ -99,8 +159,9 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
             continue
         history.append({"role": "user", "content": line})
         try:
-            stream = pipe.stream(history, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, seed=seed)
+            stream = pipe.stream(
+                history, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+            )
         except SpecdecError as e:
             history.pop()
             click.echo(f"Error: {e} (/reset starts a new conversation)", err=True)
@@ -124,8 +185,24 @@ def chat(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, thr
 @click.option("--chat-template", "use_template", is_flag=True, help="Wrap the prompt as a user message.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
-def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed, threads, allow_inexact, options, provider, prompt, use_template,
-             stop, as_json):
+def generate(
+    bundle,
+    method,
+    k,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    threads,
+    allow_inexact,
+    options,
+    provider,
+    prompt,
+    use_template,
+    stop,
+    as_json,
+):
     """Generate text for one prompt (for scripts).
 
     \b
@@ -136,16 +213,31 @@ def generate(bundle, method, k, max_new_tokens, temperature, top_k, top_p, seed,
     """
     pipe = load(bundle, method, k, threads, options, provider, allow_inexact)
     request = [{"role": "user", "content": prompt}] if use_template else prompt
-    stream = pipe.stream(request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         seed=seed, stop=list(stop))
+    stream = pipe.stream(
+        request,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=list(stop),
+    )
     with stream:
         for piece in stream:
             if not as_json:
                 click.echo(piece, nl=False)
     result = stream.result
     if as_json:
-        click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict(),
-                               "finish_reason": result.finish_reason}))
+        click.echo(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "stats": result.stats.as_dict(),
+                    "finish_reason": result.finish_reason,
+                }
+            )
+        )
     else:
         click.echo()
         click.secho(stats_line(result.stats), dim=True, err=True)

@@ -21,8 +21,17 @@ def spec_bench_prompt(question_id: int = DEFAULT_QUESTION_ID) -> str:
     raise KeyError(question_id)
 
 
-def run_demo(prompt: str | None = None, *, method: str | None = None, k: int = 4, max_new_tokens: int = 128,
-             threads: int | None = 2, dtype: str = "fp32", echo=print, write=None) -> dict:
+def run_demo(
+    prompt: str | None = None,
+    *,
+    method: str | None = None,
+    k: int = 4,
+    max_new_tokens: int = 128,
+    threads: int | None = 2,
+    dtype: str = "fp32",
+    echo=print,
+    write=None,
+) -> dict:
     """Stream the speculative answer, then time plain decoding on the same prompt; return both stats.
 
     ``method``: default the bundle's own (pld-eagle with the shipped heads; pld for int8/int4)."""
@@ -42,9 +51,13 @@ def run_demo(prompt: str | None = None, *, method: str | None = None, k: int = 4
     speedup = fast.stats.tokens_per_s / slow.stats.tokens_per_s if slow.stats.tokens_per_s else float("nan")
     same = fast.token_ids == slow.token_ids
     echo("\n\n--- result ---")
-    echo(f"plain:   {slow.stats.tokens_per_s:6.1f} tok/s ({slow.stats.decode_tokens_per_s:.1f} after a "
-         f"{slow.stats.prefill_s:.2f} s prefill)")
-    echo(f"{method}: {' ' * max(0, 6 - len(method))}{fast.stats.tokens_per_s:6.1f} tok/s "
-         f"({fast.stats.decode_tokens_per_s:.1f} after prefill), {fast.stats.tokens_per_pass:.2f} tokens per target pass")
+    echo(
+        f"plain:   {slow.stats.tokens_per_s:6.1f} tok/s ({slow.stats.decode_tokens_per_s:.1f} after a "
+        f"{slow.stats.prefill_s:.2f} s prefill)"
+    )
+    echo(
+        f"{method}: {' ' * max(0, 6 - len(method))}{fast.stats.tokens_per_s:6.1f} tok/s "
+        f"({fast.stats.decode_tokens_per_s:.1f} after prefill), {fast.stats.tokens_per_pass:.2f} tokens per target pass"
+    )
     echo(f"speedup {speedup:.2f}x, output identical to plain: {'yes' if same else 'NO'}")
     return {"speedup": speedup, "identical": same, "plain": slow.stats.as_dict(), method: fast.stats.as_dict()}

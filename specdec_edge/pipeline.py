@@ -33,9 +33,18 @@ __all__ = ["GenerationResult", "Pipeline", "StopFilter", "Stream"]
 class Pipeline:
     """A loaded bundle: target engine, proposer and tokenizer. Calls are serialized by a lock."""
 
-    def __init__(self, tokenizer: Tokenizer, target: Engine, draft: Engine | None, method: str, k: int,
-                 options: dict | None = None, lock: threading.Lock | None = None,
-                 heads: dict[str, HeadGraph] | None = None, allow_inexact: bool = False):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        target: Engine,
+        draft: Engine | None,
+        method: str,
+        k: int,
+        options: dict | None = None,
+        lock: threading.Lock | None = None,
+        heads: dict[str, HeadGraph] | None = None,
+        allow_inexact: bool = False,
+    ):
         spec = get_method(method)
         self.heads = heads or {}
         problem = spec.missing(draft is not None, self.heads)
@@ -66,9 +75,18 @@ class Pipeline:
         self._lock = lock or threading.Lock()
 
     @classmethod
-    def load(cls, bundle: str | Path, *, method: str | None = None, k: int = 4, threads: int | None = None,
-             provider: str = "cpu", allow_inexact: bool = False, pad_to: int | None = None,
-             **options) -> "Pipeline":
+    def load(
+        cls,
+        bundle: str | Path,
+        *,
+        method: str | None = None,
+        k: int = 4,
+        threads: int | None = None,
+        provider: str = "cpu",
+        allow_inexact: bool = False,
+        pad_to: int | None = None,
+        **options,
+    ) -> Pipeline:
         """Load ``bundle``.
 
         ``method``: one of ``speculative.methods.METHODS`` (plain, draft, pld, lookahead, eagle,
@@ -90,25 +108,50 @@ class Pipeline:
         manifest = read_manifest(root)
         heads = manifest.heads or {}
         method = method or default_method(manifest.draft is not None, heads)
-        problem = get_method(method).missing(manifest.draft is not None, [h for h in heads if h in HEAD_METHODS],
-                                             f"bundle {root}")
+        problem = get_method(method).missing(
+            manifest.draft is not None, [h for h in heads if h in HEAD_METHODS], f"bundle {root}"
+        )
         if problem:  # before the engines load
             raise SpecdecError(problem)
         share = manifest.draft is not None or bool(heads)  # several sessions in one process: no spinning pools
-        target = open_engine(root, manifest.target.graph, provider=provider, threads=threads, share_process=share,
-                             pad_to=pad_to)
+        target = open_engine(
+            root, manifest.target.graph, provider=provider, threads=threads, share_process=share, pad_to=pad_to
+        )
         draft = None
         if manifest.draft is not None:
-            draft = open_engine(root, manifest.draft.graph, provider=provider, threads=threads, share_process=True,
-                                role="draft", pad_to=pad_to)
-        return cls(Tokenizer.from_bundle(root, manifest.tokenizer), target, draft, method, k, options,
-                   heads=load_head_graphs(root, heads, threads), allow_inexact=allow_inexact)
+            draft = open_engine(
+                root,
+                manifest.draft.graph,
+                provider=provider,
+                threads=threads,
+                share_process=True,
+                role="draft",
+                pad_to=pad_to,
+            )
+        return cls(
+            Tokenizer.from_bundle(root, manifest.tokenizer),
+            target,
+            draft,
+            method,
+            k,
+            options,
+            heads=load_head_graphs(root, heads, threads),
+            allow_inexact=allow_inexact,
+        )
 
-    def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None,
-                    **options) -> "Pipeline":
+    def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
         """A pipeline over the same engines and lock with another method (for comparisons)."""
-        return Pipeline(self.tokenizer, self.target, self.draft, method, self.k if k is None else k, options,
-                        self._lock, self.heads, self.allow_inexact if allow_inexact is None else allow_inexact)
+        return Pipeline(
+            self.tokenizer,
+            self.target,
+            self.draft,
+            method,
+            self.k if k is None else k,
+            options,
+            self._lock,
+            self.heads,
+            self.allow_inexact if allow_inexact is None else allow_inexact,
+        )
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt ids: plain text as is, chat messages through the bundle's chat template."""
@@ -120,8 +163,16 @@ class Pipeline:
             raise SpecdecError("the prompt encodes to no tokens; give some text.")
         return ids
 
-    def stream(self, prompt: str | list[dict], max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int | None = None, stop: str | Sequence[str] | None = None) -> Stream:
+    def stream(
+        self,
+        prompt: str | list[dict],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         ids = self.encode(prompt)
@@ -137,9 +188,16 @@ class Pipeline:
         result, cancel = GenerationResult("", [], Stats(), None), threading.Event()
         return Stream(self._text(ids, stops, params, max_new_tokens, result, cancel), result, cancel)
 
-    def generate(self, prompt: str | list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt: str | list[dict],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> GenerationResult:
         """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
 
         temperature 0 is greedy; the output equals the target's alone (greedy: the same
@@ -151,13 +209,30 @@ class Pipeline:
             pass
         return stream.result
 
-    def _text(self, prompt_ids: list[int], stops: Sequence[str], params: SamplingParams, max_new_tokens: int,
-              result: GenerationResult, cancel: threading.Event) -> Iterator[str]:
+    def _text(
+        self,
+        prompt_ids: list[int],
+        stops: Sequence[str],
+        params: SamplingParams,
+        max_new_tokens: int,
+        result: GenerationResult,
+        cancel: threading.Event,
+    ) -> Iterator[str]:
         """The streamed text of one generation, holding the pipeline's lock while it runs."""
         with self._lock:
-            steps = decode(self.engine, self.proposer, prompt_ids, max_new_tokens=max_new_tokens, params=params,
-                           k=self.k, eos_ids=self.tokenizer.eos_token_ids, rng=make_rng(params.seed),
-                           stats=result.stats, cancel=cancel, rule=self.rule)
+            steps = decode(
+                self.engine,
+                self.proposer,
+                prompt_ids,
+                max_new_tokens=max_new_tokens,
+                params=params,
+                k=self.k,
+                eos_ids=self.tokenizer.eos_token_ids,
+                rng=make_rng(params.seed),
+                stats=result.stats,
+                cancel=cancel,
+                rule=self.rule,
+            )
             try:
                 yield from text_pieces(steps, self.tokenizer, stops, result)
             finally:

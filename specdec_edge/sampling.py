@@ -26,9 +26,7 @@ class SamplingParams:
 
     def __post_init__(self):
         if not self.temperature >= 0:  # also rejects NaN
-            raise SpecdecError(
-                f"temperature={self.temperature!r} is invalid: use a value >= 0 (0 means greedy)."
-            )
+            raise SpecdecError(f"temperature={self.temperature!r} is invalid: use a value >= 0 (0 means greedy).")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
             raise SpecdecError(f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 turns it off).")
         if not 0 < self.top_p <= 1:

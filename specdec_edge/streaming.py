@@ -47,8 +47,9 @@ class StopFilter:
         return text
 
 
-def text_pieces(steps: Iterator[Emitted], tokenizer: Tokenizer, stops: Sequence[str],
-                result: GenerationResult) -> Iterator[str]:
+def text_pieces(
+    steps: Iterator[Emitted], tokenizer: Tokenizer, stops: Sequence[str], result: GenerationResult
+) -> Iterator[str]:
     """The text of each step of ``steps``, ending at eos, the first stop string, or the loop's own end.
 
     Tokens are taken one at a time, so a stop string ends ``result.token_ids`` where it ends;
@@ -89,7 +90,7 @@ class Stream:
         self._pieces = pieces
         self._cancel = cancel
 
-    def __iter__(self) -> "Stream":
+    def __iter__(self) -> Stream:
         return self
 
     def __next__(self) -> str:
@@ -103,7 +104,7 @@ class Stream:
         if self.result.finish_reason is None:
             self.result.finish_reason = "cancelled"
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -39,9 +39,7 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -56,9 +54,7 @@ def _check_messages(messages) -> None:
         )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise SpecdecError(
-                f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}."
-            )
+            raise SpecdecError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}.")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
                 raise SpecdecError(f"messages[{i}] needs a string {key!r}, got {message.get(key)!r}.")
@@ -91,7 +87,7 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens or {})
 
     @classmethod
-    def from_bundle(cls, bundle_dir: str | Path, spec) -> "Tokenizer":
+    def from_bundle(cls, bundle_dir: str | Path, spec) -> Tokenizer:
         """Build from a bundle directory and its manifest's ``TokenizerSpec``."""
         return cls(
             Path(bundle_dir) / spec.file,
@@ -122,9 +118,7 @@ class Tokenizer:
     @cached_property
     def _template(self) -> jinja2.Template:
         if self.chat_template is None:
-            raise SpecdecError(
-                "this model has no chat template: pass a plain prompt instead of chat messages."
-            )
+            raise SpecdecError("this model has no chat template: pass a plain prompt instead of chat messages.")
         return _compile_template(self.chat_template)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -140,7 +134,7 @@ class Tokenizer:
     def is_eos(self, token_id: int) -> bool:
         return int(token_id) in self.eos_token_ids
 
-    def decoder(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+    def decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         """A fresh streaming decoder for one generation."""
         return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
 

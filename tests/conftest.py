@@ -114,5 +114,6 @@ def heads_bundle(tmp_path_factory, tiny_llama_dir, trained):
     from specdec_edge.export.exporter import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-heads"
-    return export_bundle(str(tiny_llama_dir), out, capacity=256, heads=(trained / "eagle", trained / "medusa"),
-                         progress=False)
+    return export_bundle(
+        str(tiny_llama_dir), out, capacity=256, heads=(trained / "eagle", trained / "medusa"), progress=False
+    )

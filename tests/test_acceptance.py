@@ -249,8 +249,9 @@ def test_typical_acceptance_is_lossy():
     """A draft that always proposes the target's second choice is always accepted: the first token is
     then token 1 every time, though the target gives it 0.15. Exact rejection keeps p; typical does not."""
     p = typical_probs()
-    firsts_typical = [accept_tree_typical(np.array([1]), np.array([-1]), p, make_rng(s))[0].tolist()
-                      for s in range(200)]
+    firsts_typical = [
+        accept_tree_typical(np.array([1]), np.array([-1]), p, make_rng(s))[0].tolist() for s in range(200)
+    ]
     assert all(f == [0] for f in firsts_typical)
     exact = [accept_tree_sampling(np.array([1]), np.array([-1]), p, make_rng(s)) for s in range(2000)]
     share = np.mean([len(path) == 1 for path, _ in exact])

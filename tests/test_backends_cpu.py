@@ -42,18 +42,26 @@ def parse_profile(text: str) -> dict:
 
 
 # ---- provider options and profiles
-@pytest.mark.parametrize("layers,kvh,hd,cap,dtype,top", [
-    (2, 2, 16, 256, "fp32", 256),     # the tiny test bundle
-    (30, 3, 64, 2048, "fp16", 256),   # SmolLM2-135M, fp16, default capacity
-    (18, 1, 256, 4096, "fp16", 256),  # Gemma-3-270M shape
-    (2, 2, 16, 48, "fp32", 48),       # capacity below a prefill chunk caps S
-])
+@pytest.mark.parametrize(
+    "layers,kvh,hd,cap,dtype,top",
+    [
+        (2, 2, 16, 256, "fp32", 256),  # the tiny test bundle
+        (30, 3, 64, 2048, "fp16", 256),  # SmolLM2-135M, fp16, default capacity
+        (18, 1, 256, 4096, "fp16", 256),  # Gemma-3-270M shape
+        (2, 2, 16, 48, "fp32", 48),  # capacity below a prefill chunk caps S
+    ],
+)
 def test_tensorrt_ep_options_cover_every_pass(tmp_path, layers, kvh, hd, cap, dtype, top):
     graph = graph_spec(layers, kvh, hd, cap, dtype)
     opts = tensorrt_ep_options(graph, tmp_path)
     mins, opt, maxs = (parse_profile(opts[f"trt_profile_{w}_shapes"]) for w in ("min", "opt", "max"))
-    assert set(mins) == set(opt) == set(maxs) == {"input_ids", "position_ids", "attention_bias"} | {
-        f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")}
+    assert (
+        set(mins)
+        == set(opt)
+        == set(maxs)
+        == {"input_ids", "position_ids", "attention_bias"}
+        | {f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")}
+    )
     assert mins["input_ids"] == (1, 1) and maxs["input_ids"] == (1, top) == maxs["position_ids"]
     assert mins["attention_bias"] == (1, 1, 1, 1) and maxs["attention_bias"] == (1, 1, top, cap)
     for name in mins:
@@ -90,8 +98,15 @@ def test_ort_flavour_is_refused_for_tensorrt(tmp_path, tiny_bundle):
 
 
 # ---- engine sidecars
-SIDECAR = {"format": 1, "file": "trt/x/target.plan", "tensorrt_version": "10.3.0", "gpu": "Orin",
-           "compute_capability": "8.7", "hardware_compatibility": "none", "source_sha256": "abc"}
+SIDECAR = {
+    "format": 1,
+    "file": "trt/x/target.plan",
+    "tensorrt_version": "10.3.0",
+    "gpu": "Orin",
+    "compute_capability": "8.7",
+    "hardware_compatibility": "none",
+    "source_sha256": "abc",
+}
 
 
 def test_sidecar_accepts_the_machine_it_was_built_on():
@@ -100,14 +115,24 @@ def test_sidecar_accepts_the_machine_it_was_built_on():
     check_sidecar(ampere, trt_version="10.3.0", compute_capability="9.0", source_sha256="abc")
 
 
-@pytest.mark.parametrize("sidecar,here,match", [
-    (SIDECAR, dict(trt_version="10.13.3", compute_capability="8.7", source_sha256="abc"), "TensorRT 10.3.0"),
-    (SIDECAR, dict(trt_version="10.3.0", compute_capability="9.0", source_sha256="abc"), "compute capability 8.7"),
-    ({**SIDECAR, "hardware_compatibility": "ampere_plus"},
-     dict(trt_version="10.3.0", compute_capability="7.5", source_sha256="abc"), "Ampere and newer"),
-    (SIDECAR, dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="def"), "another version"),
-    ({**SIDECAR, "format": 99}, dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="abc"), "format"),
-])
+@pytest.mark.parametrize(
+    "sidecar,here,match",
+    [
+        (SIDECAR, dict(trt_version="10.13.3", compute_capability="8.7", source_sha256="abc"), "TensorRT 10.3.0"),
+        (SIDECAR, dict(trt_version="10.3.0", compute_capability="9.0", source_sha256="abc"), "compute capability 8.7"),
+        (
+            {**SIDECAR, "hardware_compatibility": "ampere_plus"},
+            dict(trt_version="10.3.0", compute_capability="7.5", source_sha256="abc"),
+            "Ampere and newer",
+        ),
+        (SIDECAR, dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="def"), "another version"),
+        (
+            {**SIDECAR, "format": 99},
+            dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="abc"),
+            "format",
+        ),
+    ],
+)
 def test_sidecar_mismatch_says_rebuild(sidecar, here, match):
     with pytest.raises(BundleError, match=match) as err:
         check_sidecar(sidecar, **here)
@@ -157,7 +182,11 @@ def test_build_engines_writes_engines_and_manifest_atomically(tmp_path, portable
     folder = build_engines.build_engines(bundle, max_verify=16, echo=lambda line: None)
     assert folder == bundle / "trt/nvidia-jetson-orin_10.3.0"
     assert sorted(p.name for p in folder.iterdir()) == [
-        "target.epctx.onnx", "target.epctx.onnx.json", "target.plan", "target.plan.json"]
+        "target.epctx.onnx",
+        "target.epctx.onnx.json",
+        "target.plan",
+        "target.plan.json",
+    ]
     assert [p.name for p in (bundle / "trt").iterdir()] == [folder.name]  # no scratch left
     assert verify_bundle(bundle) == []
     engines = json.loads((bundle / "manifest.json").read_text())["engines"]
@@ -180,10 +209,21 @@ def epcontext_model(path: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    node = helper.make_node("EPContext", ["input_ids"], ["logits"], domain="com.microsoft", embed_mode=1,
-                            ep_cache_context=b"engine bytes", source="TensorrtExecutionProvider")
-    graph = helper.make_graph([node], "ctx", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "s"])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "s", 320])])
+    node = helper.make_node(
+        "EPContext",
+        ["input_ids"],
+        ["logits"],
+        domain="com.microsoft",
+        embed_mode=1,
+        ep_cache_context=b"engine bytes",
+        source="TensorrtExecutionProvider",
+    )
+    graph = helper.make_graph(
+        [node],
+        "ctx",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "s"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "s", 320])],
+    )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 10
@@ -253,8 +293,13 @@ def test_gpu_check_script_reports_what_is_missing():
 
 def test_gpu_check_python_half_runs_its_cpu_reference_row(tiny_llama_dir):
     """The table code of scripts/gpu_check.py, on the CPU row every run starts with (no backend given)."""
-    res = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check.py"), "", str(tiny_llama_dir)],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu_check.py"), "", str(tiny_llama_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     row = next(line for line in res.stdout.splitlines() if line.startswith("| cpu | ort-fp32 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -359,8 +404,18 @@ def test_cuda_refuses_an_fp32_ort_graph(tiny_bundle, monkeypatch):
 @pytest.mark.parametrize("pad_to", [0, 8])
 def test_gpu_engine_pipeline_is_exact_on_cpu(pad_to, tiny_bundle):
     manifest = read_manifest(tiny_bundle)
-    engines = [OrtGpuEngine(tiny_bundle / m.graph.path, m.graph, provider="cpu", device="cpu", threads=1,
-                            share_process=True, pad_to=pad_to) for m in (manifest.target, manifest.draft)]
+    engines = [
+        OrtGpuEngine(
+            tiny_bundle / m.graph.path,
+            m.graph,
+            provider="cpu",
+            device="cpu",
+            threads=1,
+            share_process=True,
+            pad_to=pad_to,
+        )
+        for m in (manifest.target, manifest.draft)
+    ]
     ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
     pipe = Pipeline(ref.tokenizer, engines[0], engines[1], "draft", 4)
     for prompt in ("The quick brown fox", "def add(a, b):"):

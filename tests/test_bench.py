@@ -31,14 +31,39 @@ def prompts_file(tmp_path):
 
 
 def bench_args(bundle, prompts_file, *extra):
-    return ["bench", bundle, "--prompts", prompts_file, "--n-per-category", "1", "--max-new-tokens", "16",
-            "--threads", "1", *extra]
+    return [
+        "bench",
+        bundle,
+        "--prompts",
+        prompts_file,
+        "--n-per-category",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 def test_bench_writes_reports_and_is_exact(tiny_bundle, prompts_file, tmp_path):
     out = {ext: tmp_path / f"bench.{ext}" for ext in ("json", "md", "png")}
-    res = invoke(*bench_args(tiny_bundle, prompts_file, "--methods", "plain,pld,draft,lookahead", "-k", "3",
-                             "--json", out["json"], "--md", out["md"], "--plot", out["png"]))
+    res = invoke(
+        *bench_args(
+            tiny_bundle,
+            prompts_file,
+            "--methods",
+            "plain,pld,draft,lookahead",
+            "-k",
+            "3",
+            "--json",
+            out["json"],
+            "--md",
+            out["md"],
+            "--plot",
+            out["png"],
+        )
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(out["json"].read_text())
     assert set(report["results"]) == {"plain", "pld", "draft", "lookahead"}
@@ -64,8 +89,11 @@ def test_method_without_requirements_is_skipped(tiny_llama_dir, tiny_bundle, pro
     from specdec_edge.export.exporter import export_bundle
 
     no_draft = export_bundle(str(tiny_llama_dir), tmp_path / "no-draft", capacity=256, progress=False)
-    res = invoke(*bench_args(no_draft, prompts_file, "--methods", "pld,draft", "--categories", "copy",
-                             "--json", tmp_path / "b.json"))
+    res = invoke(
+        *bench_args(
+            no_draft, prompts_file, "--methods", "pld,draft", "--categories", "copy", "--json", tmp_path / "b.json"
+        )
+    )
     assert res.exit_code == 0, res.output
     assert "Skipped method draft" in res.stderr and "no draft model" in res.stderr
     report = json.loads((tmp_path / "b.json").read_text())

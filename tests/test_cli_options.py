@@ -14,9 +14,15 @@ from specdec_edge.cli_options import parse_options
 
 def test_parse_options_types_and_errors():
     assert parse_options(["window=5", "ratio=0.5", "flag=true", "name=x"]) == {
-        "window": 5, "ratio": 0.5, "flag": True, "name": "x"}
+        "window": 5,
+        "ratio": 0.5,
+        "flag": True,
+        "name": "x",
+    }
     assert parse_options(["pld.max_ngram=4", "lookahead.window=2"], per_method=True) == {
-        "pld": {"max_ngram": 4}, "lookahead": {"window": 2}}
+        "pld": {"max_ngram": 4},
+        "lookahead": {"window": 2},
+    }
     with pytest.raises(click.BadParameter):
         parse_options(["window"])
     with pytest.raises(click.BadParameter):
@@ -33,7 +39,8 @@ def test_generate_with_method_options_matches_plain(tiny_bundle):
 
 
 def test_unknown_method_option_is_a_clear_error(tiny_bundle):
-    result = CliRunner().invoke(main, ["generate", str(tiny_bundle), "--prompt", "hi", "--method", "pld",
-                                       "-o", "windw=2"])
+    result = CliRunner().invoke(
+        main, ["generate", str(tiny_bundle), "--prompt", "hi", "--method", "pld", "-o", "windw=2"]
+    )
     assert result.exit_code == 2
     assert "bad option for method 'pld'" in result.output and "Traceback" not in result.output

@@ -15,20 +15,49 @@ def invoke(*args, input=None):
 
 
 def test_generate_json(tiny_bundle):
-    res = invoke("generate", tiny_bundle, "--prompt", "The quick brown fox", "--max-new-tokens", "12", "--json",
-                 "--threads", "1")
+    res = invoke(
+        "generate", tiny_bundle, "--prompt", "The quick brown fox", "--max-new-tokens", "12", "--json", "--threads", "1"
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert set(out) == {"text", "token_ids", "stats", "finish_reason"}
     assert out["finish_reason"] in ("eos", "length") and out["stats"]["proposed"] > 0
-    plain = json.loads(invoke("generate", tiny_bundle, "--prompt", "The quick brown fox", "--max-new-tokens", "12",
-                              "--json", "--method", "plain").output)
+    plain = json.loads(
+        invoke(
+            "generate",
+            tiny_bundle,
+            "--prompt",
+            "The quick brown fox",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            "--method",
+            "plain",
+        ).output
+    )
     assert plain["token_ids"] == out["token_ids"] and plain["stats"]["proposed"] == 0
 
 
 def test_generate_text_and_sampling_options(tiny_bundle):
-    args = ["generate", tiny_bundle, "--prompt", "hello", "--max-new-tokens", "8", "--temperature", "0.8",
-            "--top-k", "20", "--top-p", "0.9", "--seed", "3", "-k", "2", "--chat-template"]
+    args = [
+        "generate",
+        tiny_bundle,
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+        "-k",
+        "2",
+        "--chat-template",
+    ]
     a, b = invoke(*args), invoke(*args)
     assert a.exit_code == 0 and a.stdout == b.stdout and "tokens per target pass" in a.stderr
 
@@ -41,8 +70,15 @@ def test_user_errors_are_one_line(tiny_bundle, tmp_path):
 
 
 def test_chat_session(tiny_bundle):
-    res = invoke("chat", tiny_bundle, "--max-new-tokens", "10", "--system", "Be brief.",
-                 input="hello\n/stats\n/reset\nagain\n/exit\n")
+    res = invoke(
+        "chat",
+        tiny_bundle,
+        "--max-new-tokens",
+        "10",
+        "--system",
+        "Be brief.",
+        input="hello\n/stats\n/reset\nagain\n/exit\n",
+    )
     assert res.exit_code == 0, res.output
     assert '"tokens_per_pass"' in res.output and "(conversation reset)" in res.output
     assert res.output.count("tokens per target pass") == 2

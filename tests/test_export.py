@@ -134,7 +134,9 @@ def assert_clean_error(code, output, *needles):
 
 
 def test_missing_path(tmp_path):
-    assert_clean_error(*run_cli("export", "--target", tmp_path / "nope.gguf", "--out", tmp_path / "o"), "does not exist")
+    assert_clean_error(
+        *run_cli("export", "--target", tmp_path / "nope.gguf", "--out", tmp_path / "o"), "does not exist"
+    )
     assert_clean_error(*run_cli("export", "--target", "./no/such/folder", "--out", tmp_path / "o"), "does not exist")
 
 

@@ -20,14 +20,15 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.export.head_recipes import RECIPES
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.features import FeatureTap
-from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
 from specdec_edge.speculative.loop import decode, prefill
+from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import path_to, tree_inputs
 from tests.test_acceptance import CHI2_CRIT_DF7_P001
 from tests.test_light_runtime import heavy_modules, run_clean
 from tests.test_methods import assert_greedy_equals_plain
 from tests.tiny_models import TRAIN
+
 
 @pytest.fixture(scope="module")
 def plain(heads_bundle):
@@ -102,8 +103,14 @@ def test_every_head_recipe_trains_exports_and_validates(tmp_path, tiny_llama_dir
     torch.manual_seed(0)
     head = recipe.module(cfg, FrozenTarget(embed, lm_head, vocab_ids))
     rng = np.random.default_rng(0)
-    seqs = [{"ids": rng.integers(0, c["vocab_size"], n), "features": rng.standard_normal((n, H)).astype(np.float16),
-             "answer_start": 2} for n in (9, 5)]
+    seqs = [
+        {
+            "ids": rng.integers(0, c["vocab_size"], n),
+            "features": rng.standard_normal((n, H)).astype(np.float16),
+            "answer_start": 2,
+        }
+        for n in (9, 5)
+    ]
     loss, agree = recipe.loss(head, seqs, 8)
     loss.backward()
     assert torch.isfinite(loss) and 0.0 <= agree <= 1.0
@@ -162,15 +169,18 @@ def test_add_heads_writes_a_new_bundle(tmp_path, trained):
     assert got.token_ids == ref.token_ids
 
 
-@pytest.mark.parametrize("method,k,options", [
-    ("eagle", 4, {}),
-    ("eagle", 6, {"topk": 3, "nodes": 10}),
-    ("eagle", 2, {"topk": 1, "nodes": 1}),
-    ("medusa", 4, {}),
-    ("medusa", 3, {"tree": [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]}),
-    ("pld-eagle", 4, {}),
-    ("pld-eagle", 3, {"min_ngram": 1, "topk": 2, "nodes": 4}),
-])
+@pytest.mark.parametrize(
+    "method,k,options",
+    [
+        ("eagle", 4, {}),
+        ("eagle", 6, {"topk": 3, "nodes": 10}),
+        ("eagle", 2, {"topk": 1, "nodes": 1}),
+        ("medusa", 4, {}),
+        ("medusa", 3, {"tree": [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]}),
+        ("pld-eagle", 4, {}),
+        ("pld-eagle", 3, {"min_ngram": 1, "topk": 2, "nodes": 4}),
+    ],
+)
 def test_heads_greedy_equals_plain(plain, method, k, options):
     assert_greedy_equals_plain(plain, plain.with_method(method, k=k, **options))
 
@@ -182,8 +192,15 @@ def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
     assert (typical.rule.epsilon, typical.rule.delta, typical.rule.lossy) == (0.2, 0.5, True)
     assert_greedy_equals_plain(plain, typical)  # typical acceptance applies when sampling only (as in Medusa)
     prompts = [BenchPrompt(1, "chat", ["the quick brown fox"])]
-    report = run_bench(plain, ["plain", "medusa", "medusa-typical"], prompts, max_new_tokens=12, progress=False,
-                       temperature=0.8, seed=1)
+    report = run_bench(
+        plain,
+        ["plain", "medusa", "medusa-typical"],
+        prompts,
+        max_new_tokens=12,
+        progress=False,
+        temperature=0.8,
+        seed=1,
+    )
     assert report["meta"]["lossy_methods"] == ["medusa-typical"] and report["meta"]["temperature"] == 0.8
     assert report["results"]["medusa-typical"]["overall"]["identical_output_rate"] is None  # sampled: not compared
     table = to_markdown(report)
@@ -208,8 +225,9 @@ def test_medusa_typical_accepts_more_than_exact_rejection_when_sampling(plain):
     accepted = {"exact": 0, "typical": 0}
     for seed in range(6):
         for name, pipe in (("exact", exact), ("typical", typical)):
-            accepted[name] += pipe.generate("the quick brown fox", max_new_tokens=24, temperature=0.7,
-                                            seed=seed).stats.accepted
+            accepted[name] += pipe.generate(
+                "the quick brown fox", max_new_tokens=24, temperature=0.7, seed=seed
+            ).stats.accepted
     assert accepted["typical"] > accepted["exact"], accepted
 
 
@@ -229,14 +247,20 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
     p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
     # Wide trees (the shipped defaults are small, tuned for speed): enough acceptances to test the rule.
-    wide = {"eagle": {"topk": 6, "nodes": 16}, "medusa": {"tree": [q for q in MEDUSA_TREE if len(q) <= 3]},
-            "pld-eagle": {"topk": 6, "nodes": 16}}
+    wide = {
+        "eagle": {"topk": 6, "nodes": 16},
+        "medusa": {"tree": [q for q in MEDUSA_TREE if len(q) <= 3]},
+        "pld-eagle": {"topk": 6, "nodes": 16},
+    }
     pipe = plain.with_method(method, k=4, **wide[method])
     firsts, accepted = [], 0
     for seed in range(1500):
         stats = Stats()
-        chunk = next(decode(pipe.engine, pipe.proposer, ids, max_new_tokens=2, params=params, k=4,
-                            rng=make_rng(seed), stats=stats))
+        chunk = next(
+            decode(
+                pipe.engine, pipe.proposer, ids, max_new_tokens=2, params=params, k=4, rng=make_rng(seed), stats=stats
+            )
+        )
         firsts.append(chunk.tokens[0])
         accepted += stats.accepted
     counts = np.array([firsts.count(t) for t in support])
@@ -316,9 +340,27 @@ def test_train_draft_cli(tmp_path, trained, prompts_file):
 
     from specdec_edge.cli import main
 
-    args = ["train-draft", "--method", "medusa", "--target", str(trained / "target-bundle"), "--out", str(tmp_path),
-            "--prompts", str(prompts_file), "--max-prompts", "4", "--answer-tokens", "8", "--epochs", "1",
-            "--draft-vocab", "0", "--threads", "1"]
+    args = [
+        "train-draft",
+        "--method",
+        "medusa",
+        "--target",
+        str(trained / "target-bundle"),
+        "--out",
+        str(tmp_path),
+        "--prompts",
+        str(prompts_file),
+        "--max-prompts",
+        "4",
+        "--answer-tokens",
+        "8",
+        "--epochs",
+        "1",
+        "--draft-vocab",
+        "0",
+        "--threads",
+        "1",
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "Wrote medusa heads" in res.output and (tmp_path / "medusa" / "weights.safetensors").is_file()

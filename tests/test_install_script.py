@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-VER = "%d.%d" % sys.version_info[:2]
+VER = "{}.{}".format(*sys.version_info[:2])
 
 
 def make_system_python(root: Path, *, managed: bool = True, ensurepip: bool = True) -> Path:
@@ -44,7 +44,9 @@ def make_system_python(root: Path, *, managed: bool = True, ensurepip: bool = Tr
         (root / "lib" / so.name).symlink_to(so)
     lib = root / "lib" / stdlib.name
     lib.mkdir()
-    skip = {"site-packages", "dist-packages", "EXTERNALLY-MANAGED", "__pycache__"} | (set() if ensurepip else {"ensurepip"})
+    skip = {"site-packages", "dist-packages", "EXTERNALLY-MANAGED", "__pycache__"} | (
+        set() if ensurepip else {"ensurepip"}
+    )
     for entry in stdlib.iterdir():
         if entry.name not in skip:
             (lib / entry.name).symlink_to(entry)
@@ -55,7 +57,9 @@ def make_system_python(root: Path, *, managed: bool = True, ensurepip: bool = Tr
     site_dir.mkdir(parents=True, exist_ok=True)
     (site_dir / "pip").symlink_to(Path(pip.__file__).parent)
     if managed:
-        (lib / "EXTERNALLY-MANAGED").write_text("[externally-managed]\nError=test stand-in for a distribution's Python\n")
+        (lib / "EXTERNALLY-MANAGED").write_text(
+            "[externally-managed]\nError=test stand-in for a distribution's Python\n"
+        )
     return root / "bin" / "python3"
 
 
@@ -63,10 +67,16 @@ def make_wheel(folder: Path) -> Path:
     """A one-module wheel (sde_probe), to show which Python a pip install can or cannot go into."""
     name, files = "sde_probe-1.0", {"sde_probe.py": b"OK = True\n"}
     files[f"{name}.dist-info/METADATA"] = b"Metadata-Version: 2.1\nName: sde-probe\nVersion: 1.0\n"
-    files[f"{name}.dist-info/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = "".join(
-        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for path, data in files.items()) + f"{name}.dist-info/RECORD,,\n"
+    files[f"{name}.dist-info/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = (
+        "".join(
+            f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+            for path, data in files.items()
+        )
+        + f"{name}.dist-info/RECORD,,\n"
+    )
     files[f"{name}.dist-info/RECORD"] = record.encode()
     whl = folder / f"{name}-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
@@ -86,8 +96,12 @@ def site_dirs_state(python) -> dict:
 
 
 def pip_install(python, wheel) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-cache-dir", str(wheel)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-cache-dir", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -101,20 +115,39 @@ def repo(tmp_path):
 
 def run_install(repo: Path, **env) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME")}
-    return subprocess.run(["bash", str(repo / "scripts" / "install.sh")], capture_output=True, text=True, timeout=300,
-                          env={**base, "SPECDEC_INSTALL_SKIP_PIP": "1", **env})
+    return subprocess.run(
+        ["bash", str(repo / "scripts" / "install.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**base, "SPECDEC_INSTALL_SKIP_PIP": "1", **env},
+    )
 
 
 def system_pythons() -> list:
     """The stand-in everywhere; the real /usr/bin/python3 too where it is externally managed (Debian, Ubuntu)."""
     real = Path("/usr/bin/python3")
-    managed = real.exists() and subprocess.run(
-        [str(real), "-c", "import ensurepip, os, sysconfig, sys;"
-         "sys.exit(not os.path.isfile(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"],
-        capture_output=True).returncode == 0
-    return [pytest.param("stand-in", id="stand-in"),
-            pytest.param(str(real), id="usr-bin-python3",
-                         marks=pytest.mark.skipif(not managed, reason="no externally managed /usr/bin/python3 with venv here"))]
+    managed = (
+        real.exists()
+        and subprocess.run(
+            [
+                str(real),
+                "-c",
+                "import ensurepip, os, sysconfig, sys;"
+                "sys.exit(not os.path.isfile(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))",
+            ],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
+    return [
+        pytest.param("stand-in", id="stand-in"),
+        pytest.param(
+            str(real),
+            id="usr-bin-python3",
+            marks=pytest.mark.skipif(not managed, reason="no externally managed /usr/bin/python3 with venv here"),
+        ),
+    ]
 
 
 @pytest.mark.parametrize("system", system_pythons())
@@ -132,7 +165,9 @@ def test_externally_managed_python_leads_to_the_project_venv(system, repo, tmp_p
     assert len(said) == 1 and ".venv" in said[0] and "made it" in said[0], res.stdout
     # both pip commands go into the new venv's Python
     assert res.stdout.count(f"skipped: {venv_py} -m pip install") == 2, res.stdout
-    prefix, base = py(venv_py, "import os, sys; print(sys.prefix); print(os.path.realpath(sys.base_prefix))").splitlines()
+    prefix, base = py(
+        venv_py, "import os, sys; print(sys.prefix); print(os.path.realpath(sys.base_prefix))"
+    ).splitlines()
     assert Path(prefix) == repo / ".venv"
     assert base == py(python, "import os, sys; print(os.path.realpath(sys.prefix))")
     # and pip does install there
@@ -171,7 +206,8 @@ def test_active_environment_is_used_as_it_is(kind, repo, tmp_path):
         var = {"CONDA_PREFIX": str(env_dir)}
     res = run_install(repo, PATH=f"{env_dir}/bin:{os.environ['PATH']}", **var)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.splitlines()[0].startswith(f"Python: the active {'virtualenv' if kind == 'virtualenv' else 'conda env'}")
+    assert res.stdout.splitlines()[0].startswith(
+        f"Python: the active {'virtualenv' if kind == 'virtualenv' else 'conda env'}"
+    )
     assert res.stdout.count(f"skipped: {env_dir}/bin/python") == 2, res.stdout
     assert not (repo / ".venv").exists()
-

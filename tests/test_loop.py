@@ -18,7 +18,7 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime import OrtEngine
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
-from specdec_edge.speculative.loop import decode, prefill
+from specdec_edge.speculative.loop import GREEDY, decode, prefill
 from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
 from specdec_edge.speculative.stats import Stats
 
@@ -31,11 +31,20 @@ def engines(bundle: Path) -> tuple[OrtEngine, OrtEngine]:
     return make(m.target), make(m.draft)
 
 
-def run(target, proposer, prompt, k=4, max_new_tokens=24, params=SamplingParams(), eos_ids=EOS, rng=None):
+def run(target, proposer, prompt, k=4, max_new_tokens=24, params=GREEDY, eos_ids=EOS, rng=None):
     stats = Stats()
     tokens, reasons = [], []
-    for chunk in decode(target, proposer, prompt, max_new_tokens=max_new_tokens, params=params, k=k,
-                        eos_ids=eos_ids, rng=rng, stats=stats):
+    for chunk in decode(
+        target,
+        proposer,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        params=params,
+        k=k,
+        eos_ids=eos_ids,
+        rng=rng,
+        stats=stats,
+    ):
         tokens += chunk.tokens
         reasons.append(chunk.finish_reason)
     assert reasons[-1] is not None and all(r is None for r in reasons[:-1])
@@ -107,17 +116,20 @@ def test_plain_greedy_matches_transformers(tiny_bundle, tiny_llama_dir):
     target, _ = engines(tiny_bundle)
     for prompt in prompts(6, seed=3):
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=2,
-                                 pad_token_id=0)
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=2, pad_token_id=0
+            )
         ours, _, _ = run(target, EmptyProposer(), prompt, max_new_tokens=20)
-        assert ours == out[0, len(prompt):].tolist()
+        assert ours == out[0, len(prompt) :].tolist()
 
 
 def test_seeded_sampling_is_reproducible(pair):
     target, draft = pair
     params = SamplingParams(temperature=0.9, top_k=50, top_p=0.95)
-    runs = [run(target, DraftModelProposer(draft), [5, 6, 7], params=params, rng=np.random.default_rng(7))[0]
-            for _ in range(2)]
+    runs = [
+        run(target, DraftModelProposer(draft), [5, 6, 7], params=params, rng=np.random.default_rng(7))[0]
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
 
 
@@ -198,10 +210,15 @@ def check_against_fresh(fresh, context, proposal, params):
 def test_near_ties_counts_close_top2_and_leaves_the_logits_untouched():
     from specdec_edge.speculative.loop import NEAR_TIE, near_ties
 
-    logits = np.array([[0.0, 5.0, 5.0 - NEAR_TIE / 2, 1.0],   # a near tie
-                       [9.0, 1.0, 2.0, 3.0],                   # clear winner
-                       [2.0, 2.0 - NEAR_TIE / 4, 0.0, 0.0],    # the closest tie
-                       [3.0, 3.0 - 2 * NEAR_TIE, 0.0, 0.0]], dtype=np.float32)  # just outside
+    logits = np.array(
+        [
+            [0.0, 5.0, 5.0 - NEAR_TIE / 2, 1.0],  # a near tie
+            [9.0, 1.0, 2.0, 3.0],  # clear winner
+            [2.0, 2.0 - NEAR_TIE / 4, 0.0, 0.0],  # the closest tie
+            [3.0, 3.0 - 2 * NEAR_TIE, 0.0, 0.0],
+        ],
+        dtype=np.float32,
+    )  # just outside
     before = logits.copy()
     count, gap = near_ties(logits)
     assert count == 2 and gap == pytest.approx(NEAR_TIE / 4, rel=1e-3)

@@ -40,13 +40,16 @@ def many_prompts(n=24, seed=0):
     return TEXTS + [" ".join(rng.choice(words, size=int(rng.integers(3, 30)))) for _ in range(n - len(TEXTS))]
 
 
-@pytest.mark.parametrize("method,k,options", [
-    ("pld", 4, {}),
-    ("pld", 8, {"max_ngram": 5, "min_ngram": 2}),
-    ("lookahead", 4, {}),
-    ("lookahead", 3, {"window": 2, "ngram": 2, "guesses": 2}),
-    ("lookahead", 6, {"window": 5, "ngram": 4, "guesses": 6, "prompt_ngrams": False}),
-])
+@pytest.mark.parametrize(
+    "method,k,options",
+    [
+        ("pld", 4, {}),
+        ("pld", 8, {"max_ngram": 5, "min_ngram": 2}),
+        ("lookahead", 4, {}),
+        ("lookahead", 3, {"window": 2, "ngram": 2, "guesses": 2}),
+        ("lookahead", 6, {"window": 5, "ngram": 4, "guesses": 6, "prompt_ngrams": False}),
+    ],
+)
 def test_method_greedy_equals_plain(plain, method, k, options):
     assert_greedy_equals_plain(plain, plain.with_method(method, k=k, **options))
 
@@ -92,8 +95,18 @@ def test_lookahead_sampling_keeps_the_target_distribution(plain):
     firsts, accepted = [], 0
     for seed in range(1500):
         stats = Stats()
-        step = next(decode(pipe.engine, pipe.proposer, prompt, max_new_tokens=2, params=params, k=3,
-                           rng=make_rng(seed), stats=stats))
+        step = next(
+            decode(
+                pipe.engine,
+                pipe.proposer,
+                prompt,
+                max_new_tokens=2,
+                params=params,
+                k=3,
+                rng=make_rng(seed),
+                stats=stats,
+            )
+        )
         firsts.append(step.tokens[0])
         accepted += stats.accepted
     counts = np.array([firsts.count(t) for t in support])

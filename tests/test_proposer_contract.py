@@ -21,9 +21,16 @@ from specdec_edge.speculative.proposal import Proposal
 from specdec_edge.speculative.tree import depths, path_to
 
 # method -> the bundle fixture that can run it (a new method must be added here: the registry is checked below)
-BUNDLE = {"plain": "tiny_bundle", "draft": "tiny_bundle", "pld": "tiny_bundle", "lookahead": "tiny_bundle",
-          "eagle": "heads_bundle", "medusa": "heads_bundle", "medusa-typical": "heads_bundle",
-          "pld-eagle": "heads_bundle"}
+BUNDLE = {
+    "plain": "tiny_bundle",
+    "draft": "tiny_bundle",
+    "pld": "tiny_bundle",
+    "lookahead": "tiny_bundle",
+    "eagle": "heads_bundle",
+    "medusa": "heads_bundle",
+    "medusa-typical": "heads_bundle",
+    "pld-eagle": "heads_bundle",
+}
 # Proposers whose proposals depend on more than the context: lookahead's Jacobi window and n-gram pool
 # remember what earlier steps guessed.
 HISTORY_DEPENDENT = {"lookahead"}
@@ -114,8 +121,10 @@ def test_pld_eagle_proposes_by_both_branches(heads_bundle):
     output stays plain's."""
     plain = Pipeline.load(heads_bundle, method="plain", threads=1)
     pipe = plain.with_method("pld-eagle", k=K)
-    for prompt in ("the quick brown fox jumps over the lazy dog. the quick brown fox jumps over",
-                   "speculative decoding verifies draft tokens"):
+    for prompt in (
+        "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over",
+        "speculative decoding verifies draft tokens",
+    ):
         assert pipe.generate(prompt, max_new_tokens=40).token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
     steps = pipe.proposer.steps_proposed
     assert steps["first"] > 0 and steps["second"] > 0, steps

@@ -14,8 +14,16 @@ from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.bench import check_methods
 from specdec_edge.cli import main
 from specdec_edge.speculative.acceptance import ExactAcceptance, TypicalAcceptance
-from specdec_edge.speculative.methods import (HEAD_METHODS, METHODS, available_methods, default_head_method,
-                                              default_method, get_method, head_default_choices, methods_table)
+from specdec_edge.speculative.methods import (
+    HEAD_METHODS,
+    METHODS,
+    available_methods,
+    default_head_method,
+    default_method,
+    get_method,
+    head_default_choices,
+    methods_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,18 +92,20 @@ def test_options_are_parsed_and_checked():
     assert METHODS["medusa"].check_options({"tree": "[[0], [0, 1]]"}) == ({"tree": [[0], [0, 1]]}, {})
     assert METHODS["medusa-typical"].check_options({"delta": 0.5}) == ({}, {"epsilon": 0.09, "delta": 0.5})
     assert METHODS["lookahead"].check_options({"prompt_ngrams": "false"})[0]["prompt_ngrams"] is False
-    bad = [("pld", {"max_ngram": 0}, r"max_ngram=0 is invalid; use an integer >= 1 \(default: 3\)"),
-           ("pld", {"max_ngram": "abc"}, "max_ngram='abc' is invalid"),
-           ("pld", {"max_ngram": True}, "max_ngram=True is invalid"),
-           ("pld", {"max_ngram": 2.5}, "max_ngram=2.5 is invalid"),
-           ("pld", {"windw": 2}, r"it has no option 'windw' \(its options: max_ngram, min_ngram\)"),
-           ("plain", {"window": 2}, r"it has no option 'window' \(its options: none\)"),
-           ("lookahead", {"ngram": 1}, "ngram=1 is invalid; use an integer >= 2"),
-           ("lookahead", {"seed": -1}, "seed=-1 is invalid"),
-           ("medusa-typical", {"epsilon": 0}, "epsilon=0 is invalid; use a number > 0"),
-           ("medusa-typical", {"epsilon": float("inf")}, "epsilon=inf is invalid"),
-           ("medusa", {"tree": "[[0], []]"}, "tree="),
-           ("medusa", {"tree": "0,1"}, "tree=")]
+    bad = [
+        ("pld", {"max_ngram": 0}, r"max_ngram=0 is invalid; use an integer >= 1 \(default: 3\)"),
+        ("pld", {"max_ngram": "abc"}, "max_ngram='abc' is invalid"),
+        ("pld", {"max_ngram": True}, "max_ngram=True is invalid"),
+        ("pld", {"max_ngram": 2.5}, "max_ngram=2.5 is invalid"),
+        ("pld", {"windw": 2}, r"it has no option 'windw' \(its options: max_ngram, min_ngram\)"),
+        ("plain", {"window": 2}, r"it has no option 'window' \(its options: none\)"),
+        ("lookahead", {"ngram": 1}, "ngram=1 is invalid; use an integer >= 2"),
+        ("lookahead", {"seed": -1}, "seed=-1 is invalid"),
+        ("medusa-typical", {"epsilon": 0}, "epsilon=0 is invalid; use a number > 0"),
+        ("medusa-typical", {"epsilon": float("inf")}, "epsilon=inf is invalid"),
+        ("medusa", {"tree": "[[0], []]"}, "tree="),
+        ("medusa", {"tree": "0,1"}, "tree="),
+    ]
     for method, options, message in bad:
         with pytest.raises(SpecdecError, match=f"bad option for method '{re.escape(method)}': {message}"):
             METHODS[method].check_options(options)

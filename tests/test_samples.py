@@ -15,8 +15,9 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 
 def run_sample(*args, env=None, timeout=60):
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=SAMPLES.parent)
+    return subprocess.run(
+        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=SAMPLES.parent
+    )
 
 
 def test_stream_sample(tiny_bundle):
@@ -43,8 +44,11 @@ def xvfb_display():
     if shutil.which("Xvfb") is None:
         pytest.skip("Xvfb is not installed (apt-get install xvfb)")
     display = f":{free_display()}"
-    proc = subprocess.Popen(["Xvfb", display, "-screen", "0", "800x600x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["Xvfb", display, "-screen", "0", "800x600x24", "-nolisten", "tcp"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while not Path(f"/tmp/.X11-unix/X{display[1:]}").exists():
@@ -58,9 +62,11 @@ def xvfb_display():
 
 
 def test_chat_window_streams_and_stops(tiny_bundle, xvfb_display):
-    code = ("import sys; sys.path.insert(0, 'samples'); from chat_window import run_once; "
-            f"r = run_once({str(tiny_bundle)!r}, 'hello', max_new_tokens=200); "
-            "print('FINISH', r.finish_reason, r.stats.new_tokens, len(r.text))")
+    code = (
+        "import sys; sys.path.insert(0, 'samples'); from chat_window import run_once; "
+        f"r = run_once({str(tiny_bundle)!r}, 'hello', max_new_tokens=200); "
+        "print('FINISH', r.finish_reason, r.stats.new_tokens, len(r.text))"
+    )
     res = run_sample("-c", code, env={**os.environ, "DISPLAY": xvfb_display})
     assert res.returncode == 0, res.stderr
     finish, new_tokens, chars = res.stdout.split("FINISH ")[1].split()

@@ -34,7 +34,10 @@ def make_tokenizer(folder: Path, vocab_size: int = VOCAB):
     )
     tok.train_from_iterator(CORPUS * 4, trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
         pad_token="<|endoftext|>",
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -45,12 +48,29 @@ def make_tokenizer(folder: Path, vocab_size: int = VOCAB):
 def make_model(folder: Path, kind: str = "llama", layers: int = 2, seed: int = 0, vocab_size: int = VOCAB, **overrides):
     """Save a random-weight causal LM (safetensors + config + tokenizer) into ``folder``."""
     import torch
-    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                              MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
-    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     common.update(overrides)
     torch.manual_seed(seed)
     if kind == "llama":
@@ -76,5 +96,15 @@ def make_model(folder: Path, kind: str = "llama", layers: int = 2, seed: int = 0
 
 
 # train-draft settings for heads on the tiny models: seconds, yet enough to beat chance.
-TRAIN = dict(max_prompts=8, answer_tokens=24, draft_vocab=200, epochs=12, lr=1e-2, batch_tokens=96, save_every=2,
-             capacity=256, threads=1, progress=False)
+TRAIN = dict(
+    max_prompts=8,
+    answer_tokens=24,
+    draft_vocab=200,
+    epochs=12,
+    lr=1e-2,
+    batch_tokens=96,
+    save_every=2,
+    capacity=256,
+    threads=1,
+    progress=False,
+)

@@ -34,8 +34,9 @@ from specdec_edge.runtime.trt_profiles import shape_value_ranges, tensorrt_ep_op
 KINDS = {"trt": ("tensorrt", ".plan"), "tensorrt": ("ort-epcontext", ".epctx.onnx")}
 
 
-def make_sidecar(graph: GraphSpec, source_sha256: str, *, trt_version: str, gpu: dict, max_verify: int,
-                 hardware_compatible: bool) -> dict:
+def make_sidecar(
+    graph: GraphSpec, source_sha256: str, *, trt_version: str, gpu: dict, max_verify: int, hardware_compatible: bool
+) -> dict:
     """The build record an engine is checked against when it is loaded."""
     return {
         "format": SIDECAR_FORMAT,
@@ -92,8 +93,10 @@ def build_ep_context(onnx_path: Path, graph: GraphSpec, out: Path, *, max_verify
     with tempfile.TemporaryDirectory() as cache:  # embed mode: the engine lives in the .onnx, not in the cache
         create_session(onnx_path, opts, "tensorrt", tensorrt_ep_options(graph, cache, max_verify=max_verify))
     if not out.is_file():
-        raise ExportError(f"ONNX Runtime did not write the EPContext model {out}; "
-                          "EPContext needs onnxruntime-gpu >= 1.18 with the TensorRT EP.")
+        raise ExportError(
+            f"ONNX Runtime did not write the EPContext model {out}; "
+            "EPContext needs onnxruntime-gpu >= 1.18 with the TensorRT EP."
+        )
 
 
 def register_engines(root: Path, entries: list[dict]) -> None:
@@ -112,8 +115,14 @@ def register_engines(root: Path, entries: list[dict]) -> None:
     read_manifest(root)
 
 
-def build_engines(bundle: str | Path, *, backends: tuple = ("trt", "tensorrt"), max_verify: int = MAX_VERIFY,
-                  hardware_compatible: bool = False, echo=print) -> Path:
+def build_engines(
+    bundle: str | Path,
+    *,
+    backends: tuple = ("trt", "tensorrt"),
+    max_verify: int = MAX_VERIFY,
+    hardware_compatible: bool = False,
+    echo=print,
+) -> Path:
     """Build engines of each backend for every decoder graph of ``bundle``; returns the engine folder."""
     root = Path(bundle)
     manifest = read_manifest(root)
@@ -123,8 +132,10 @@ def build_engines(bundle: str | Path, *, backends: tuple = ("trt", "tensorrt"), 
     models = [m for m in (manifest.target, manifest.draft) if m is not None]
     for m in models:
         if m.graph.flavour != "portable":
-            raise ExportError(f"the {m.role} graph is the {m.graph.flavour!r} flavour; TensorRT needs standard ops: "
-                              "re-export with --flavour portable (and --dtype fp16).")
+            raise ExportError(
+                f"the {m.role} graph is the {m.graph.flavour!r} flavour; TensorRT needs standard ops: "
+                "re-export with --flavour portable (and --dtype fp16)."
+            )
     trt_version, gpu = import_tensorrt().__version__, gpu_info()
     folder = Path("trt") / engine_dir_name(gpu["name"], trt_version)
     (root / folder).mkdir(parents=True, exist_ok=True)
@@ -133,22 +144,39 @@ def build_engines(bundle: str | Path, *, backends: tuple = ("trt", "tensorrt"), 
     entries = []
     try:
         for m in models:
-            sidecar = make_sidecar(m.graph, manifest.files[m.graph.path]["sha256"], trt_version=trt_version, gpu=gpu,
-                                   max_verify=max_verify, hardware_compatible=hardware_compatible)
+            sidecar = make_sidecar(
+                m.graph,
+                manifest.files[m.graph.path]["sha256"],
+                trt_version=trt_version,
+                gpu=gpu,
+                max_verify=max_verify,
+                hardware_compatible=hardware_compatible,
+            )
             for backend in backends:
                 kind, suffix = KINDS[backend]
                 name = f"{m.role}{suffix}"
                 echo(f"  [{m.role}] building {kind} engine {folder / name} ...")
                 if backend == "trt":
-                    build_plan(root / m.graph.path, m.graph, staging / name, max_verify=max_verify,
-                               hardware_compatible=hardware_compatible)
+                    build_plan(
+                        root / m.graph.path,
+                        m.graph,
+                        staging / name,
+                        max_verify=max_verify,
+                        hardware_compatible=hardware_compatible,
+                    )
                     record = sidecar
                 else:
                     build_ep_context(root / m.graph.path, m.graph, staging / name, max_verify=max_verify)
                     record = {**sidecar, "hardware_compatibility": "none"}  # the EP builds for this GPU only
                 (staging / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
-                entries.append({"kind": kind, "role": m.role, "file": (folder / name).as_posix(),
-                                "sidecar": (folder / f"{name}.json").as_posix()})
+                entries.append(
+                    {
+                        "kind": kind,
+                        "role": m.role,
+                        "file": (folder / name).as_posix(),
+                        "sidecar": (folder / f"{name}.json").as_posix(),
+                    }
+                )
         for item in staging.iterdir():
             os.replace(item, root / folder / item.name)
     finally:

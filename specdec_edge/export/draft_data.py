@@ -80,8 +80,18 @@ def _answer(pipe, texts: list[str], answer_tokens: int) -> tuple[list[tuple], in
         if len(ids) + answer_tokens > tap.capacity:
             continue
         # Prompt lookup: the same greedy answer as plain decoding, sooner.
-        answer = [t for c in decode(tap, PromptLookupProposer(), ids, max_new_tokens=answer_tokens, k=8,
-                                    eos_ids=pipe.tokenizer.eos_token_ids) for t in c.tokens]
+        answer = [
+            t
+            for c in decode(
+                tap,
+                PromptLookupProposer(),
+                ids,
+                max_new_tokens=answer_tokens,
+                k=8,
+                eos_ids=pipe.tokenizer.eos_token_ids,
+            )
+            for t in c.tokens
+        ]
         n = tap.length  # features exist for every token but the last
         seqs.append((np.array(ids + answer, np.int32)[:n], tap.features[:n].astype(np.float16), len(ids)))
     return seqs, tap.features.shape[1]
@@ -90,9 +100,13 @@ def _answer(pipe, texts: list[str], answer_tokens: int) -> tuple[list[tuple], in
 def _write_part(path: Path, seqs: list[tuple], width: int) -> None:
     """Sequences concatenated into one .npz (written aside, then renamed into place)."""
     tmp = path.parent / (path.name + ".tmp.npz")
-    np.savez(tmp, ids=np.concatenate([s[0] for s in seqs] or [np.zeros(0, np.int32)]),
-             features=np.concatenate([s[1] for s in seqs] or [np.zeros((0, width), np.float16)]),
-             lengths=np.array([len(s[0]) for s in seqs], np.int64), answer_starts=np.array([s[2] for s in seqs]))
+    np.savez(
+        tmp,
+        ids=np.concatenate([s[0] for s in seqs] or [np.zeros(0, np.int32)]),
+        features=np.concatenate([s[1] for s in seqs] or [np.zeros((0, width), np.float16)]),
+        lengths=np.array([len(s[0]) for s in seqs], np.int64),
+        answer_starts=np.array([s[2] for s in seqs]),
+    )
     os.replace(tmp, path)
 
 
@@ -100,12 +114,15 @@ def _read_part(path: Path) -> list[dict]:
     """The sequences of one part file."""
     with np.load(path) as z:
         starts = np.cumsum(np.concatenate([[0], z["lengths"]]))
-        return [{"ids": z["ids"][a:b].astype(np.int64), "features": z["features"][a:b], "answer_start": int(s)}
-                for a, b, s in zip(starts[:-1], starts[1:], z["answer_starts"])]
+        return [
+            {"ids": z["ids"][a:b].astype(np.int64), "features": z["features"][a:b], "answer_start": int(s)}
+            for a, b, s in zip(starts[:-1], starts[1:], z["answer_starts"])
+        ]
 
 
-def generate_data(bundle: Path, texts: list[str], folder: Path, *, answer_tokens: int, threads: int | None,
-                  progress: bool) -> list[dict]:
+def generate_data(
+    bundle: Path, texts: list[str], folder: Path, *, answer_tokens: int, threads: int | None, progress: bool
+) -> list[dict]:
     """The target's greedy answers and the features of prompt + answer, cached in ``folder``."""
     from tqdm import tqdm
 
@@ -137,7 +154,7 @@ def draft_vocabulary(data: list[dict], vocab_size: int, size: int, eos_ids) -> n
     """The ``size`` tokens most frequent in the answers (and the eos ids), sorted; all tokens if 0."""
     if not size or size >= vocab_size:
         return np.arange(vocab_size)
-    counts = np.bincount(np.concatenate([d["ids"][d["answer_start"]:] for d in data]), minlength=vocab_size)
+    counts = np.bincount(np.concatenate([d["ids"][d["answer_start"] :] for d in data]), minlength=vocab_size)
     counts[list(eos_ids)] = counts.max() + 1
     return np.sort(np.argsort(-counts, kind="stable")[:size])
 

@@ -98,8 +98,14 @@ def export_bundle(
             if loaded is None:
                 continue
             specs[role] = export_graph(
-                loaded, staging.path, role, flavour=flavour, dtype=dtype, capacity=capacity,
-                hidden_states=hidden_states, prog=prog,
+                loaded,
+                staging.path,
+                role,
+                flavour=flavour,
+                dtype=dtype,
+                capacity=capacity,
+                hidden_states=hidden_states,
+                prog=prog,
             )
         with prog.stage("[bundle] write tokenizer"):
             tokenizer = write_tokenizer(tgt, staging.path)
@@ -119,8 +125,9 @@ def export_bundle(
 
             with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]
-                manifest["heads"] = export_heads(heads, embed, tgt.decoder.weights.get("lm_head.weight", embed),
-                                                 staging.path, heads_default)
+                manifest["heads"] = export_heads(
+                    heads, embed, tgt.decoder.weights.get("lm_head.weight", embed), staging.path, heads_default
+                )
         with prog.stage("[bundle] write manifest"):
             path = staging.commit(manifest)
     return path
@@ -132,7 +139,8 @@ def check_same_vocab(target, draft) -> None:
         diff = len(set(tv.items()) ^ set(dv.items()))
         raise ExportError(
             f"draft {draft.source} does not share the target's vocabulary "
-            f"(target {target.decoder.vocab_size} logits / {len(tv)} tokens, draft {draft.decoder.vocab_size} / {len(dv)}, "
+            f"(target {target.decoder.vocab_size} logits / {len(tv)} tokens, "
+            f"draft {draft.decoder.vocab_size} / {len(dv)}, "
             f"{diff} differing entries); choose a draft from the same model family and tokenizer."
         )
 
@@ -148,7 +156,11 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
     path = folder / "model.onnx"
     with prog.stage(f"[{role}] build {flavour} graph ({cfg.num_layers} layers, {dtype})"):
         graph = build_decoder(
-            cfg, flavour=flavour, dtype="fp16" if dtype == "fp16" else "fp32", capacity=capacity, hidden_states=hidden_states
+            cfg,
+            flavour=flavour,
+            dtype="fp16" if dtype == "fp16" else "fp32",
+            capacity=capacity,
+            hidden_states=hidden_states,
         )
         if dtype in ("int8", "int4"):
             fp32 = root / f".{role}-fp32"
@@ -200,26 +212,46 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
 
 def contract_inputs(cfg, capacity, cache_dtype) -> tuple:
     cache = [
-        {"name": f"past_key_values.{i}.{kind}", "dtype": cache_dtype, "shape": ["batch", cfg.num_kv_heads, capacity, cfg.head_dim]}
-        for i in range(cfg.num_layers) for kind in ("key", "value")
+        {
+            "name": f"past_key_values.{i}.{kind}",
+            "dtype": cache_dtype,
+            "shape": ["batch", cfg.num_kv_heads, capacity, cfg.head_dim],
+        }
+        for i in range(cfg.num_layers)
+        for kind in ("key", "value")
     ]
-    return tuple([
-        {"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]},
-        {"name": "position_ids", "dtype": "int64", "shape": ["batch", "seq"]},
-        {"name": "attention_bias", "dtype": "float32", "shape": ["batch", 1, "seq", "past+seq"],
-         "meaning": "0 = attend, -inf = masked; columns are cache slots 0..past-1 then the new tokens"},
-        {"name": "logits_to_keep", "dtype": "int64", "shape": [1],
-         "meaning": "logits are computed for the last N new positions only (1..S)"},
-        *cache,
-    ])
+    return tuple(
+        [
+            {"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]},
+            {"name": "position_ids", "dtype": "int64", "shape": ["batch", "seq"]},
+            {
+                "name": "attention_bias",
+                "dtype": "float32",
+                "shape": ["batch", 1, "seq", "past+seq"],
+                "meaning": "0 = attend, -inf = masked; columns are cache slots 0..past-1 then the new tokens",
+            },
+            {
+                "name": "logits_to_keep",
+                "dtype": "int64",
+                "shape": [1],
+                "meaning": "logits are computed for the last N new positions only (1..S)",
+            },
+            *cache,
+        ]
+    )
 
 
 def contract_outputs(cfg, capacity, cache_dtype, hidden_states) -> tuple:
     outs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logits_to_keep", cfg.vocab_size]}]
     outs += [
-        {"name": f"present.{i}.{kind}", "dtype": cache_dtype, "shape": ["batch", cfg.num_kv_heads, capacity, cfg.head_dim],
-         "aliases": f"past_key_values.{i}.{kind}"}
-        for i in range(cfg.num_layers) for kind in ("key", "value")
+        {
+            "name": f"present.{i}.{kind}",
+            "dtype": cache_dtype,
+            "shape": ["batch", cfg.num_kv_heads, capacity, cfg.head_dim],
+            "aliases": f"past_key_values.{i}.{kind}",
+        }
+        for i in range(cfg.num_layers)
+        for kind in ("key", "value")
     ]
     if hidden_states:
         outs.append({"name": "hidden_states", "dtype": "float32", "shape": ["batch", "seq", cfg.hidden_size]})
@@ -230,7 +262,9 @@ def write_tokenizer(loaded, root: Path) -> dict:
     tok = loaded.tokenizer
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
-        raise ExportError(f"{loaded.source} has no fast tokenizer (tokenizer.json); only fast tokenizers are supported.")
+        raise ExportError(
+            f"{loaded.source} has no fast tokenizer (tokenizer.json); only fast tokenizers are supported."
+        )
     backend.save(str(root / "tokenizer.json"))
     eos = set()
     gen = getattr(loaded.model, "generation_config", None)

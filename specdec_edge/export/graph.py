@@ -105,7 +105,9 @@ def build_decoder(
 
     def rms_norm(x, wname):
         if flavour == "ort":
-            return b.op("SimplifiedLayerNormalization", x, norm_weight(wname), axis=-1, epsilon=cfg.rms_eps, stash_type=1)
+            return b.op(
+                "SimplifiedLayerNormalization", x, norm_weight(wname), axis=-1, epsilon=cfg.rms_eps, stash_type=1
+            )
         xf = b.op("Cast", x, to=TensorProto.FLOAT) if wdt == np.float16 else x
         ms = b.op("ReduceMean", b.op("Mul", xf, xf), axes=[-1], keepdims=1)
         inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(cfg.rms_eps, np.float32))))
@@ -125,7 +127,9 @@ def build_decoder(
             return b.op("Mul", x, b.op("Sigmoid", x))
         # gelu with tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
         c = lambda v: b.const(v, wdt)  # noqa: E731
-        inner = b.op("Mul", b.op("Add", x, b.op("Mul", b.op("Mul", b.op("Mul", x, x), x), c(0.044715))), c(np.sqrt(2 / np.pi)))
+        inner = b.op(
+            "Mul", b.op("Add", x, b.op("Mul", b.op("Mul", b.op("Mul", x, x), x), c(0.044715))), c(np.sqrt(2 / np.pi))
+        )
         return b.op("Mul", b.op("Mul", x, c(0.5)), b.op("Add", b.op("Tanh", inner), c(1.0)))
 
     # ---- inputs
@@ -138,7 +142,9 @@ def build_decoder(
     ]
     for i in range(cfg.num_layers):
         for kind in ("key", "value"):
-            b.inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", elem, ["batch", kvh, capacity, hd]))
+            b.inputs.append(
+                helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", elem, ["batch", kvh, capacity, hd])
+            )
 
     # ---- shared per-step values
     bias = b.op("Cast", "attention_bias", to=elem) if wdt == np.float16 else "attention_bias"
@@ -156,14 +162,19 @@ def build_decoder(
         total32 = b.op("Cast", total, to=TensorProto.INT32)
         batch = b.op("Gather", b.op("Shape", "input_ids"), b.const([0]), axis=0)
         seqlens_k = b.op("Expand", b.op("Sub", total32, b.const(1, np.int32)), batch)
-        rope = {t: (b.init(f"cos_cache.{t}", c.astype(wdt)), b.init(f"sin_cache.{t}", s.astype(wdt))) for t, (c, s) in cfg.rope.items()}
+        rope = {
+            t: (b.init(f"cos_cache.{t}", c.astype(wdt)), b.init(f"sin_cache.{t}", s.astype(wdt)))
+            for t, (c, s) in cfg.rope.items()
+        }
     else:
         rope = {}
         for t, (c, s) in cfg.rope.items():
             cos = b.init(f"cos_table.{t}", np.concatenate([c, c], -1).astype(wdt))
             sin = b.init(f"sin_table.{t}", np.concatenate([s, s], -1).astype(wdt))
             # [B, 1, S, hd]
-            rope[t] = tuple(b.op("Unsqueeze", b.op("Gather", tab, "position_ids", axis=0), b.const([1])) for tab in (cos, sin))
+            rope[t] = tuple(
+                b.op("Unsqueeze", b.op("Gather", tab, "position_ids", axis=0), b.const([1])) for tab in (cos, sin)
+            )
         # cache slots of the new tokens: past .. past+S-1, shaped to broadcast over [B, kvh, S, hd]
         slots = b.op("Reshape", b.op("Range", b.op("Sub", total, seq), total, b.const(1)), b.const([1, 1, -1, 1]))
 
@@ -200,9 +211,25 @@ def build_decoder(
         if flavour == "ort":
             cos, sin = rope[ltype]
             out = b.op(
-                "GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total32, cos, sin,
-                "position_ids", biases[ltype], domain="com.microsoft", outputs=3,
-                num_heads=nh, kv_num_heads=kvh, scale=cfg.attn_scale, do_rotary=1, rotary_interleaved=0,
+                "GroupQueryAttention",
+                q,
+                k,
+                v,
+                past_k,
+                past_v,
+                seqlens_k,
+                total32,
+                cos,
+                sin,
+                "position_ids",
+                biases[ltype],
+                domain="com.microsoft",
+                outputs=3,
+                num_heads=nh,
+                kv_num_heads=kvh,
+                scale=cfg.attn_scale,
+                do_rotary=1,
+                rotary_interleaved=0,
             )
             b.rename_output(out[1], pres_k)
             b.rename_output(out[2], pres_v)
@@ -220,8 +247,14 @@ def build_decoder(
             g = nh // kvh
             # Group query heads by their KV head: [B, kvh, g*S, hd] @ [B, kvh, hd, T] -> [B, kvh, g*S, T]
             qg = b.op("Reshape", qh, b.const([0, kvh, -1, hd]))
-            scores = b.op("Mul", b.op("MatMul", qg, b.op("Transpose", keys, perm=[0, 1, 3, 2])), b.const(cfg.attn_scale, wdt))
-            scores = b.op("Reshape", scores, b.op("Concat", b.const([0, kvh, g, -1]), b.op("Unsqueeze", total, b.const([0])), axis=0))
+            scores = b.op(
+                "Mul", b.op("MatMul", qg, b.op("Transpose", keys, perm=[0, 1, 3, 2])), b.const(cfg.attn_scale, wdt)
+            )
+            scores = b.op(
+                "Reshape",
+                scores,
+                b.op("Concat", b.const([0, kvh, g, -1]), b.op("Unsqueeze", total, b.const([0])), axis=0),
+            )
             scores = b.op("Add", scores, b.op("Unsqueeze", biases[ltype], b.const([2])))  # bias [B,1,1,S,T]
             probs = b.op("Softmax", scores, axis=-1)
             grouped = b.op("Concat", b.const([0, kvh, -1]), b.op("Unsqueeze", total, b.const([0])), axis=0)
@@ -235,15 +268,27 @@ def build_decoder(
         # One MatMul for gate and up (half the kernel launches), split after.
         wgu = np.concatenate([w[p + ".gate_proj.weight"], w[p + ".up_proj.weight"]], 0).T.astype(wdt)
         inter = wgu.shape[1] // 2
-        gate, up = b.op("Split", b.op("MatMul", x, b.init(p + ".gate_up_proj.weight.T", wgu)),
-                        b.const([inter, inter]), axis=-1, outputs=2)
+        gate, up = b.op(
+            "Split",
+            b.op("MatMul", x, b.init(p + ".gate_up_proj.weight.T", wgu)),
+            b.const([inter, inter]),
+            axis=-1,
+            outputs=2,
+        )
         return b.op("MatMul", b.op("Mul", activation(gate), up), weight(p + ".down_proj.weight", transpose=True))
 
     def add_norm(x, h, wname):
         """(x + h, rms_norm(x + h)): one fused SkipSimplifiedLayerNormalization on the ort flavour."""
         if flavour == "ort":
-            out = b.op("SkipSimplifiedLayerNormalization", h, x, norm_weight(wname), domain="com.microsoft",
-                       outputs=4, epsilon=cfg.rms_eps)
+            out = b.op(
+                "SkipSimplifiedLayerNormalization",
+                h,
+                x,
+                norm_weight(wname),
+                domain="com.microsoft",
+                outputs=4,
+                epsilon=cfg.rms_eps,
+            )
             return out[3], out[0]
         x = b.op("Add", x, h)
         return x, rms_norm(x, wname)

@@ -37,9 +37,16 @@ def _write_graph(graph: nn.Module, recipe: HeadRecipe, example: tuple, path: Pat
     tmp = path.with_suffix(".tmp.onnx")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
-        torch.onnx.export(graph, example, str(tmp), input_names=list(recipe.inputs),
-                          output_names=list(recipe.outputs), dynamic_axes=recipe.dynamic_axes, opset_version=17,
-                          dynamo=False)
+        torch.onnx.export(
+            graph,
+            example,
+            str(tmp),
+            input_names=list(recipe.inputs),
+            output_names=list(recipe.outputs),
+            dynamic_axes=recipe.dynamic_axes,
+            opset_version=17,
+            dynamo=False,
+        )
     model = onnx.load(str(tmp))
     tmp.unlink()
     model.ir_version = min(model.ir_version, IR_VERSION)
@@ -75,8 +82,9 @@ def export_head_graph(head: nn.Module, path: Path) -> dict:
     worst = max(v for k, v in report.items() if k.endswith("err"))
     report["max_rel_err"], report["tolerance"] = worst, TOLERANCE
     if not np.isfinite(worst) or worst > TOLERANCE:
-        raise ExportError(f"the {recipe.name} head graph differs from PyTorch by {worst:.3g} > {TOLERANCE}; "
-                          "no bundle was written.")
+        raise ExportError(
+            f"the {recipe.name} head graph differs from PyTorch by {worst:.3g} > {TOLERANCE}; no bundle was written."
+        )
     return report
 
 
@@ -95,9 +103,14 @@ def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path,
             raise ExportError(f"two {cfg.method} heads folders were given; pass one per method.")
         report = export_head_graph(head, root / "heads" / f"{cfg.method}.onnx")
         config = {k: v for k, v in asdict(cfg).items() if k not in ("method", "training")}
-        section[cfg.method] = {"graph": f"heads/{cfg.method}.onnx", "top_k": TOP_K, "config": config,
-                               "tree": recipe_for(cfg.method).tree,
-                               "training": cfg.training, "validation": report}
+        section[cfg.method] = {
+            "graph": f"heads/{cfg.method}.onnx",
+            "top_k": TOP_K,
+            "config": config,
+            "tree": recipe_for(cfg.method).tree,
+            "training": cfg.training,
+            "validation": report,
+        }
     section["default"] = default_head_method(list(section), default)  # the policy lives in the method registry
     return section
 
@@ -111,8 +124,10 @@ def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
     manifest = read_manifest(bundle)
     graph = manifest.target.graph
     if graph.dtype not in ("fp32", "fp16"):
-        raise ExportError(f"bundle {bundle} has {graph.dtype} weights; heads need an fp32 or fp16 target bundle "
-                          "(export one with --dtype fp32 --hidden-states).")
+        raise ExportError(
+            f"bundle {bundle} has {graph.dtype} weights; heads need an fp32 or fp16 target bundle "
+            "(export one with --dtype fp32 --hidden-states)."
+        )
     path = Path(bundle) / graph.path
     model = onnx.load(str(path), load_external_data=False)  # read only the two tensors needed
     found = {i.name: i for i in model.graph.initializer if i.name in ("model.embed_tokens.weight", "lm_head.weight.T")}
@@ -129,8 +144,9 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
     bundle, out = Path(bundle), Path(out)
     manifest = read_manifest(bundle)
     if not manifest.target.graph.has_hidden_states:
-        raise ExportError(f"bundle {bundle} has no hidden_states output; heads read it. "
-                          "Re-export with --hidden-states.")
+        raise ExportError(
+            f"bundle {bundle} has no hidden_states output; heads read it. Re-export with --hidden-states."
+        )
     if out.resolve() == bundle.resolve():
         raise ExportError("--out must differ from the source bundle; the new bundle is written beside it.")
     embed, lm_head = target_weights(bundle)

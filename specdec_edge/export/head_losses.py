@@ -68,8 +68,9 @@ def medusa_loss(head: MedusaHeads, seqs: list[dict], batch_tokens: int):
         labels.append(lab)
     logits = head.target.logits(head(torch.cat(feats)))  # [K, R, V']
     labels = torch.cat(labels, 1)  # [K, R]
-    losses = torch.stack([torch.nn.functional.cross_entropy(logits[i], labels[i], ignore_index=IGNORE)
-                          for i in range(K)])
+    losses = torch.stack(
+        [torch.nn.functional.cross_entropy(logits[i], labels[i], ignore_index=IGNORE) for i in range(K)]
+    )
     loss = (losses.nan_to_num() * 0.8 ** torch.arange(K)).sum()
     valid = labels[0] >= 0
     agree = (logits[0].argmax(-1)[valid] == labels[0][valid]).float().mean().item() if valid.any() else 0.0

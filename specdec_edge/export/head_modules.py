@@ -49,7 +49,7 @@ def rotate(x, positions, theta):  # x [B, n, S, hd], positions [B, S]
     inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
     freqs = positions[:, None, :, None].float() * inv  # [B, 1, S, hd/2]
     cos, sin = torch.cat([freqs.cos()] * 2, -1), torch.cat([freqs.sin()] * 2, -1)
-    rot = torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], -1)
+    rot = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], -1)
     return x * cos + rot * sin
 
 
@@ -106,7 +106,7 @@ class EagleHead(nn.Module):
         keys, values = torch.cat([past_key, k], 1).transpose(1, 2), torch.cat([past_value, v], 1).transpose(1, 2)
         g = cfg.num_heads // cfg.num_kv_heads
         keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)  # [B, nh, P+S, hd]
-        scores = q @ keys.transpose(-1, -2) * cfg.head_dim ** -0.5 + bias  # [B, nh, S, P+S]
+        scores = q @ keys.transpose(-1, -2) * cfg.head_dim**-0.5 + bias  # [B, nh, S, P+S]
         attn = (scores.softmax(-1) @ values).transpose(1, 2).reshape(B, S, -1)  # [B, S, nh * hd]
         x = x + self.o_proj(attn)
         h = rms_norm(x, self.post_norm, cfg.rms_eps)

@@ -49,9 +49,15 @@ def _eagle_example(cfg: HeadConfig, past: int, seq: int, seed: int) -> tuple:
     g = torch.Generator().manual_seed(seed)
     bias = torch.zeros(1, 1, seq, past + seq)
     bias[0, 0, :, past:] = torch.triu(torch.full((seq, seq), float("-inf")), 1)
-    return (torch.randn(1, seq, cfg.hidden_size, generator=g), torch.randint(0, cfg.vocab_size, (1, seq), generator=g),
-            torch.arange(past, past + seq)[None], torch.randn(1, past, cfg.num_kv_heads, cfg.head_dim, generator=g),
-            torch.randn(1, past, cfg.num_kv_heads, cfg.head_dim, generator=g), bias, torch.tensor([seq - 1, 0]))
+    return (
+        torch.randn(1, seq, cfg.hidden_size, generator=g),
+        torch.randint(0, cfg.vocab_size, (1, seq), generator=g),
+        torch.arange(past, past + seq)[None],
+        torch.randn(1, past, cfg.num_kv_heads, cfg.head_dim, generator=g),
+        torch.randn(1, past, cfg.num_kv_heads, cfg.head_dim, generator=g),
+        bias,
+        torch.tensor([seq - 1, 0]),
+    )
 
 
 def eagle_examples(cfg: HeadConfig) -> list[tuple]:

@@ -8,15 +8,15 @@ method means adding a recipe to ``RECIPES``; tests/test_heads.py exports and val
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torch import nn
 
 from specdec_edge.errors import ExportError
-from specdec_edge.export.head_onnx import EagleGraph, MedusaGraph, eagle_examples, medusa_examples
 from specdec_edge.export.head_losses import eagle_loss, medusa_loss
 from specdec_edge.export.head_modules import EagleHead, FrozenTarget, HeadConfig, MedusaHeads
+from specdec_edge.export.head_onnx import EagleGraph, MedusaGraph, eagle_examples, medusa_examples
 
 
 @dataclass(frozen=True)
@@ -53,19 +53,37 @@ def _medusa_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, med
 # where width is nearly free, wants larger ones (-o nodes=..., -o tree=...).
 RECIPES: dict[str, HeadRecipe] = {
     "eagle": HeadRecipe(
-        name="eagle", config=_eagle_config, module=EagleHead, loss=eagle_loss, epochs=10,
+        name="eagle",
+        config=_eagle_config,
+        module=EagleHead,
+        loss=eagle_loss,
+        epochs=10,
         tree={"topk": 3, "nodes": 5, "depth": 3},
         graph=EagleGraph,
         inputs=("features", "input_ids", "position_ids", "past_key", "past_value", "attention_bias", "logit_rows"),
         outputs=("hidden_states", "topk_logprobs", "topk_ids", "key", "value"),
-        dynamic_axes={"features": {1: "seq"}, "input_ids": {1: "seq"}, "position_ids": {1: "seq"},
-                      "past_key": {1: "past"}, "past_value": {1: "past"}, "attention_bias": {2: "seq", 3: "total"},
-                      "logit_rows": {0: "rows"}, "hidden_states": {1: "seq"}, "topk_logprobs": {0: "rows"},
-                      "topk_ids": {0: "rows"}, "key": {1: "seq"}, "value": {1: "seq"}},
+        dynamic_axes={
+            "features": {1: "seq"},
+            "input_ids": {1: "seq"},
+            "position_ids": {1: "seq"},
+            "past_key": {1: "past"},
+            "past_value": {1: "past"},
+            "attention_bias": {2: "seq", 3: "total"},
+            "logit_rows": {0: "rows"},
+            "hidden_states": {1: "seq"},
+            "topk_logprobs": {0: "rows"},
+            "topk_ids": {0: "rows"},
+            "key": {1: "seq"},
+            "value": {1: "seq"},
+        },
         examples=eagle_examples,
     ),
     "medusa": HeadRecipe(
-        name="medusa", config=_medusa_config, module=MedusaHeads, loss=medusa_loss, epochs=3,
+        name="medusa",
+        config=_medusa_config,
+        module=MedusaHeads,
+        loss=medusa_loss,
+        epochs=3,
         tree={"tree": [[0], [1], [0, 0], [0, 0, 0]]},
         graph=MedusaGraph,
         inputs=("hidden_states",),

@@ -44,12 +44,16 @@ def load_heads(folder: Path, embed: np.ndarray, lm_head: np.ndarray) -> nn.Modul
 
     folder = Path(folder)
     if not (folder / "config.json").is_file() or not (folder / "weights.safetensors").is_file():
-        raise ExportError(f"{folder} is not a heads folder (config.json + weights.safetensors); "
-                          "train one with `specdec-edge train-draft`.")
+        raise ExportError(
+            f"{folder} is not a heads folder (config.json + weights.safetensors); "
+            "train one with `specdec-edge train-draft`."
+        )
     cfg = HeadConfig(**json.loads((folder / "config.json").read_text()))
     if embed.shape != (cfg.vocab_size, cfg.hidden_size):
-        raise ExportError(f"heads in {folder} were trained for vocab {cfg.vocab_size} x hidden {cfg.hidden_size}, "
-                          f"the target has {embed.shape[0]} x {embed.shape[1]}; train heads for this target.")
+        raise ExportError(
+            f"heads in {folder} were trained for vocab {cfg.vocab_size} x hidden {cfg.hidden_size}, "
+            f"the target has {embed.shape[0]} x {embed.shape[1]}; train heads for this target."
+        )
     tensors = load_file(str(folder / "weights.safetensors"))
     vocab_ids = tensors.pop("vocab_ids").numpy().astype(np.int64)
     head = build_head(cfg, FrozenTarget(embed, lm_head, vocab_ids))

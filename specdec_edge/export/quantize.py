@@ -62,6 +62,10 @@ def save(model: onnx.ModelProto, path: Path) -> None:
 
     model.ir_version = min(model.ir_version, IR_VERSION)
     onnx.save_model(
-        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-        location=Path(path).name + ".data", size_threshold=1024,
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=Path(path).name + ".data",
+        size_threshold=1024,
     )

@@ -27,7 +27,12 @@ class LoadedModel:
 
 
 def _looks_like_path(source: str) -> bool:
-    return source.endswith(".gguf") or source.startswith((".", "/", "~")) or os.sep in source.rstrip(os.sep) and source.count("/") != 1
+    return (
+        source.endswith(".gguf")
+        or source.startswith((".", "/", "~"))
+        or os.sep in source.rstrip(os.sep)
+        and source.count("/") != 1
+    )
 
 
 def resolve_source(source: str) -> tuple[str, dict]:
@@ -36,7 +41,9 @@ def resolve_source(source: str) -> tuple[str, dict]:
     if path.exists():
         if path.is_file():
             if path.suffix != ".gguf":
-                raise ExportError(f"{source} is a file but not a .gguf; pass a .gguf file, a model folder or a Hugging Face id.")
+                raise ExportError(
+                    f"{source} is a file but not a .gguf; pass a .gguf file, a model folder or a Hugging Face id."
+                )
             return str(path.parent), {"gguf_file": path.name}
         if not (path / "config.json").is_file():
             ggufs = sorted(path.glob("*.gguf"))
@@ -49,7 +56,10 @@ def resolve_source(source: str) -> tuple[str, dict]:
             )
         return str(path), {}
     if _looks_like_path(source):
-        raise ExportError(f"model path {source} does not exist; check the path (a folder, a .gguf file, or a Hugging Face id like org/name).")
+        raise ExportError(
+            f"model path {source} does not exist; check the path "
+            "(a folder, a .gguf file, or a Hugging Face id like org/name)."
+        )
     return source, {}
 
 
@@ -92,7 +102,7 @@ def decoder_config(model, arch, capacity: int) -> DecoderConfig:
     if not arch.sliding_window and getattr(c, "sliding_window", None) and getattr(c, "use_sliding_window", False):
         raise ExportError("sliding-window attention is not supported for this architecture; disable it in the config.")
     scale = getattr(c, "query_pre_attn_scalar", None)
-    attn_scale = float(scale) ** -0.5 if arch.name == "gemma3" and scale else head_dim ** -0.5
+    attn_scale = float(scale) ** -0.5 if arch.name == "gemma3" and scale else head_dim**-0.5
     rope = {}
     positions = torch.arange(capacity)[None]
     dummy = torch.zeros(1, dtype=torch.float32)
@@ -100,7 +110,10 @@ def decoder_config(model, arch, capacity: int) -> DecoderConfig:
     with torch.no_grad():
         for t in sorted(set(layer_types)):
             cos, sin = rotary(dummy, positions, t) if arch.sliding_window else rotary(dummy, positions)
-            rope[t] = (cos[0, :, : head_dim // 2].numpy().astype(np.float32), sin[0, :, : head_dim // 2].numpy().astype(np.float32))
+            rope[t] = (
+                cos[0, :, : head_dim // 2].numpy().astype(np.float32),
+                sin[0, :, : head_dim // 2].numpy().astype(np.float32),
+            )
     weights = {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
     return DecoderConfig(
         arch=arch,

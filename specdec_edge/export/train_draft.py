@@ -47,8 +47,19 @@ class Prepared:
     vocab_ids: np.ndarray  # [V'] target token ids of the draft vocabulary, sorted
 
 
-def prepare(target: str, out: Path, *, prompts, max_prompts: int, holdout: int, answer_tokens: int, draft_vocab: int,
-            capacity: int, threads: int | None, progress: bool) -> Prepared:
+def prepare(
+    target: str,
+    out: Path,
+    *,
+    prompts,
+    max_prompts: int,
+    holdout: int,
+    answer_tokens: int,
+    draft_vocab: int,
+    capacity: int,
+    threads: int | None,
+    progress: bool,
+) -> Prepared:
     """Export (or reuse) the target bundle, generate (or reuse) the answers, pick the draft vocabulary."""
     bundle = prepare_bundle(target, out, capacity, progress)
     manifest = read_manifest(bundle)
@@ -62,8 +73,14 @@ def prepare(target: str, out: Path, *, prompts, max_prompts: int, holdout: int, 
 def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int) -> nn.Module:
     """The recipe's head sized for the target, initialised from ``seed``."""
     graph = prep.manifest.target.graph
-    cfg = recipe.config(graph.hidden_size, graph.vocab_size, len(prep.vocab_ids), graph.cache.num_kv_heads,
-                        graph.cache.head_dim, medusa_heads)
+    cfg = recipe.config(
+        graph.hidden_size,
+        graph.vocab_size,
+        len(prep.vocab_ids),
+        graph.cache.num_kv_heads,
+        graph.cache.head_dim,
+        medusa_heads,
+    )
     torch.manual_seed(seed)
     return recipe.module(cfg, FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids))
 
@@ -84,12 +101,13 @@ class Training:
     agrees: list[float] = field(default_factory=list)
 
     @classmethod
-    def start(cls, head: nn.Module, plan: list[list[int]], lr: float) -> "Training":
+    def start(cls, head: nn.Module, plan: list[list[int]], lr: float) -> Training:
         """AdamW at ``lr``: linear warm-up over the first 5 % of the steps, then cosine decay to 0."""
         optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
         steps, warmup = len(plan), max(1, len(plan) // 20)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
-            1 + math.cos(math.pi * min(s, steps) / steps)))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+        )
         return cls(head, optimizer, schedule, plan)
 
     def advance(self, loss: torch.Tensor, agree: float) -> None:
@@ -125,13 +143,30 @@ class Checkpoint:
     def save(self, t: Training) -> None:
         """Write ``t``'s state (the head's own weights, not the frozen target's)."""
         tmp = self.path.with_suffix(".tmp")
-        torch.save({"settings": self.settings, "step": t.step, "head": trainable_state(t.head),
-                    "optimizer": t.optimizer.state_dict(), "schedule": t.schedule.state_dict()}, tmp)
+        torch.save(
+            {
+                "settings": self.settings,
+                "step": t.step,
+                "head": trainable_state(t.head),
+                "optimizer": t.optimizer.state_dict(),
+                "schedule": t.schedule.state_dict(),
+            },
+            tmp,
+        )
         os.replace(tmp, self.path)
 
 
-def run_training(recipe: HeadRecipe, t: Training, data: list[dict], checkpoint: Checkpoint, *, batch_tokens: int,
-                 save_every: int, max_minutes: float, progress: bool) -> float:
+def run_training(
+    recipe: HeadRecipe,
+    t: Training,
+    data: list[dict],
+    checkpoint: Checkpoint,
+    *,
+    batch_tokens: int,
+    save_every: int,
+    max_minutes: float,
+    progress: bool,
+) -> float:
     """Run the planned steps from ``t.step`` until done or ``max_minutes`` have passed; returns its seconds.
 
     Checkpoints every ``save_every`` steps and at the end, so a rerun continues where this one stopped.
@@ -139,8 +174,14 @@ def run_training(recipe: HeadRecipe, t: Training, data: list[dict], checkpoint: 
     from tqdm import tqdm
 
     t.head.train()
-    bar = tqdm(total=len(t.plan), initial=t.step, desc=f"train {recipe.name}", unit="step", file=sys.stderr,
-               disable=not progress)
+    bar = tqdm(
+        total=len(t.plan),
+        initial=t.step,
+        desc=f"train {recipe.name}",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+    )
     start = time.perf_counter()
     deadline = start + max_minutes * 60 if max_minutes else math.inf  # the training phase only
     while t.step < len(t.plan) and time.perf_counter() < deadline:
@@ -154,16 +195,33 @@ def run_training(recipe: HeadRecipe, t: Training, data: list[dict], checkpoint: 
     return time.perf_counter() - start
 
 
-def training_summary(prep: Prepared, t: Training, *, prompts, holdout: int, answer_tokens: int, epochs: int,
-                     lr: float, train_seconds: float, seconds: float) -> dict:
+def training_summary(
+    prep: Prepared,
+    t: Training,
+    *,
+    prompts,
+    holdout: int,
+    answer_tokens: int,
+    epochs: int,
+    lr: float,
+    train_seconds: float,
+    seconds: float,
+) -> dict:
     """The ``training`` section of the heads' config.json (and of a bundle's manifest)."""
     source, losses, agrees = prep.manifest.target.source, t.losses, t.agrees
     return {
         "target": Path(source).name if Path(source).exists() else source,
-        "prompts_file": Path(prompts).name if prompts else "packaged Spec-Bench", "prompts": len(prep.texts),
-        "holdout_per_category": holdout, "sequences": len(prep.data),
-        "tokens": int(sum(len(d["ids"]) for d in prep.data)), "answer_tokens": answer_tokens,
-        "draft_vocab": len(prep.vocab_ids), "steps": t.step, "planned_steps": len(t.plan), "epochs": epochs, "lr": lr,
+        "prompts_file": Path(prompts).name if prompts else "packaged Spec-Bench",
+        "prompts": len(prep.texts),
+        "holdout_per_category": holdout,
+        "sequences": len(prep.data),
+        "tokens": int(sum(len(d["ids"]) for d in prep.data)),
+        "answer_tokens": answer_tokens,
+        "draft_vocab": len(prep.vocab_ids),
+        "steps": t.step,
+        "planned_steps": len(t.plan),
+        "epochs": epochs,
+        "lr": lr,
         "first_loss": float(np.mean(losses[:10])) if losses else None,
         "final_loss": float(np.mean(losses[-10:])) if losses else None,
         "draft_top1": float(np.mean(agrees[-10:])) if agrees else None,
@@ -172,11 +230,27 @@ def training_summary(prep: Prepared, t: Training, *, prompts, holdout: int, answ
     }
 
 
-def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Path | None = None, max_prompts: int = 0,
-                holdout: int = 2, answer_tokens: int = 128, draft_vocab: int = 4096, epochs: int | None = None,
-                lr: float = 1e-3, batch_tokens: int = 1024, save_every: int = 20, max_minutes: float = 0.0,
-                medusa_heads: int = 4, capacity: int = 2048, threads: int | None = 2, seed: int = 0,
-                progress: bool = True) -> Path:
+def train_draft(
+    method: str,
+    target: str,
+    out: str | Path,
+    *,
+    prompts: str | Path | None = None,
+    max_prompts: int = 0,
+    holdout: int = 2,
+    answer_tokens: int = 128,
+    draft_vocab: int = 4096,
+    epochs: int | None = None,
+    lr: float = 1e-3,
+    batch_tokens: int = 1024,
+    save_every: int = 20,
+    max_minutes: float = 0.0,
+    medusa_heads: int = 4,
+    capacity: int = 2048,
+    threads: int | None = 2,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
     """Train ``method`` heads for ``target``; returns the heads folder ``out/<method>``.
 
     The defaults are the shipped heads' recipe (``data/heads/README.md``); ``epochs`` defaults to
@@ -190,8 +264,18 @@ def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Pat
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    prep = prepare(target, out, prompts=prompts, max_prompts=max_prompts, holdout=holdout, answer_tokens=answer_tokens,
-                   draft_vocab=draft_vocab, capacity=capacity, threads=threads, progress=progress)
+    prep = prepare(
+        target,
+        out,
+        prompts=prompts,
+        max_prompts=max_prompts,
+        holdout=holdout,
+        answer_tokens=answer_tokens,
+        draft_vocab=draft_vocab,
+        capacity=capacity,
+        threads=threads,
+        progress=progress,
+    )
     head = build_head(recipe, prep, medusa_heads, seed)
     t = Training.start(head, batches(prep.data, batch_tokens, epochs, seed), lr)
     folder = out / method
@@ -199,9 +283,25 @@ def train_draft(method: str, target: str, out: str | Path, *, prompts: str | Pat
     settings = {"method": method, "config": asdict(head.cfg), "steps": len(t.plan), "lr": lr, "seed": seed}
     checkpoint = Checkpoint(folder / "checkpoint.pt", settings)
     checkpoint.resume(t)
-    train_seconds = run_training(recipe, t, prep.data, checkpoint, batch_tokens=batch_tokens, save_every=save_every,
-                                 max_minutes=max_minutes, progress=progress)
-    head.cfg.training = training_summary(prep, t, prompts=prompts, holdout=holdout, answer_tokens=answer_tokens,
-                                         epochs=epochs, lr=lr, train_seconds=train_seconds,
-                                         seconds=time.perf_counter() - started)
+    train_seconds = run_training(
+        recipe,
+        t,
+        prep.data,
+        checkpoint,
+        batch_tokens=batch_tokens,
+        save_every=save_every,
+        max_minutes=max_minutes,
+        progress=progress,
+    )
+    head.cfg.training = training_summary(
+        prep,
+        t,
+        prompts=prompts,
+        holdout=holdout,
+        answer_tokens=answer_tokens,
+        epochs=epochs,
+        lr=lr,
+        train_seconds=train_seconds,
+        seconds=time.perf_counter() - started,
+    )
     return save_heads(folder, head.eval(), prep.vocab_ids)

@@ -51,7 +51,10 @@ def validate_graph(model_path, graph: GraphSpec, torch_model, *, prefix_len: int
     positions, bias = tree_inputs(TREE_PARENTS, prefix_len)
     got = engine.run(tree_tokens, positions, bias).logits
     want = np.stack(
-        [_torch_logits(torch_model, np.concatenate([prefix, tree_tokens[path_to(TREE_PARENTS, i)]]))[-1] for i in range(len(TREE_PARENTS))]
+        [
+            _torch_logits(torch_model, np.concatenate([prefix, tree_tokens[path_to(TREE_PARENTS, i)]]))[-1]
+            for i in range(len(TREE_PARENTS))
+        ]
     )
     compare("tree_max_abs_err", got, want)
 

@@ -97,8 +97,13 @@ class Engine(ABC):
     length: int = 0  # committed slots
 
     @abstractmethod
-    def run(self, input_ids, position_ids: np.ndarray | None = None, attention_bias: np.ndarray | None = None,
-            logits_to_keep: int | None = None) -> StepOutput:
+    def run(
+        self,
+        input_ids,
+        position_ids: np.ndarray | None = None,
+        attention_bias: np.ndarray | None = None,
+        logits_to_keep: int | None = None,
+    ) -> StepOutput:
         """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1.
 
         Args:

@@ -25,12 +25,20 @@ from pathlib import Path
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.base import BACKENDS, Engine
+from specdec_edge.runtime.ort_engine import OrtEngine
 
 
-def open_engine(root: Path, graph: GraphSpec, *, provider: str = "cpu", threads: int | None = None,
-                share_process: bool = False, role: str = "target", pad_to: int | None = None) -> Engine:
+def open_engine(
+    root: Path,
+    graph: GraphSpec,
+    *,
+    provider: str = "cpu",
+    threads: int | None = None,
+    share_process: bool = False,
+    role: str = "target",
+    pad_to: int | None = None,
+) -> Engine:
     """The engine of ``provider`` over one bundle graph (see the table in this module's docstring).
 
     ``pad_to``: GPU engines pad narrower passes to this many rows so that speculative and plain
@@ -46,5 +54,6 @@ def open_engine(root: Path, graph: GraphSpec, *, provider: str = "cpu", threads:
         return TensorRTEngine.from_bundle(root, role, graph, pad_to)
     from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 
-    return OrtGpuEngine.from_bundle(root, role, graph, provider=provider, threads=threads, share_process=share_process,
-                                    pad_to=pad_to)
+    return OrtGpuEngine.from_bundle(
+        root, role, graph, provider=provider, threads=threads, share_process=share_process, pad_to=pad_to
+    )

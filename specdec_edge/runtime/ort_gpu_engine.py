@@ -105,9 +105,19 @@ def compaction_model(cache_dtype: str) -> bytes:
 class OrtGpuEngine(Engine):
     """Runs one bundle graph on ONNX Runtime's CUDA or TensorRT EP with a device-resident KV cache (batch 1)."""
 
-    def __init__(self, model_path: str | Path, graph: GraphSpec, *, provider: str = "cuda", device: str = "cuda",
-                 threads: int | None = None, share_process: bool = False, provider_options: dict | None = None,
-                 ping_pong: bool | None = None, pad_to: int | None = None):
+    def __init__(
+        self,
+        model_path: str | Path,
+        graph: GraphSpec,
+        *,
+        provider: str = "cuda",
+        device: str = "cuda",
+        threads: int | None = None,
+        share_process: bool = False,
+        provider_options: dict | None = None,
+        ping_pong: bool | None = None,
+        pad_to: int | None = None,
+    ):
         self.graph = graph
         self.device = device  # device 0 of its kind
         require_provider(provider)  # a missing onnxruntime-gpu is the first thing to fix
@@ -121,8 +131,9 @@ class OrtGpuEngine(Engine):
             provider_options = {**({"use_tf32": "0"} if graph.dtype == "fp32" else {}), **(provider_options or {})}
         self.pad_to = (0 if device == "cpu" else PAD_TO) if pad_to is None else pad_to
         self.session = create_session(model_path, session_options(threads, share_process), provider, provider_options)
-        self._compactor = create_session(compaction_model(graph.cache.dtype), session_options(1, True),
-                                         "cpu" if provider == "cpu" else "cuda")
+        self._compactor = create_session(
+            compaction_model(graph.cache.dtype), session_options(1, True), "cpu" if provider == "cpu" else "cuda"
+        )
         spec = graph.cache
         self.capacity = spec.capacity
         self.length = 0
@@ -139,8 +150,17 @@ class OrtGpuEngine(Engine):
         self._out_buffers: dict = {}
 
     @classmethod
-    def from_bundle(cls, root: Path, role: str, graph: GraphSpec, *, provider: str, threads: int | None = None,
-                    share_process: bool = False, pad_to: int | None = None) -> "OrtGpuEngine":
+    def from_bundle(
+        cls,
+        root: Path,
+        role: str,
+        graph: GraphSpec,
+        *,
+        provider: str,
+        threads: int | None = None,
+        share_process: bool = False,
+        pad_to: int | None = None,
+    ) -> OrtGpuEngine:
         """CUDA EP over the bundle's graph; TensorRT EP over a matching prebuilt EPContext model if the
         bundle has one (``build-engines``), else over the ONNX graph with a per-user engine cache."""
         model_path, options = root / graph.path, None
@@ -150,8 +170,16 @@ class OrtGpuEngine(Engine):
             cache_dir.mkdir(parents=True, exist_ok=True)
             prebuilt = find_prebuilt(root, role, "ort-epcontext", graph)
             model_path = root / prebuilt["file"] if prebuilt else model_path
-        return cls(model_path, graph, provider=provider, device="cuda", threads=threads, share_process=share_process,
-                   provider_options=options, pad_to=pad_to)
+        return cls(
+            model_path,
+            graph,
+            provider=provider,
+            device="cuda",
+            threads=threads,
+            share_process=share_process,
+            provider_options=options,
+            pad_to=pad_to,
+        )
 
     def _pointer(self, slab: int, layer: int, k: int) -> int:
         return self.cache.data_ptr() + slab * self._slab_bytes + (layer * 2 + k) * self._buffer_bytes
@@ -161,14 +189,31 @@ class OrtGpuEngine(Engine):
         spec = self.graph.cache
         for layer in range(spec.num_layers):
             for k, kind in enumerate(("key", "value")):
-                binding.bind_input(spec.input_name(layer, kind), self.device, 0, self._dtype, self._buffer_shape,
-                                   self._pointer(src, layer, k))
-                binding.bind_output(spec.output_name(layer, kind), self.device, 0, self._dtype, self._buffer_shape,
-                                    self._pointer(dst, layer, k))
+                binding.bind_input(
+                    spec.input_name(layer, kind),
+                    self.device,
+                    0,
+                    self._dtype,
+                    self._buffer_shape,
+                    self._pointer(src, layer, k),
+                )
+                binding.bind_output(
+                    spec.output_name(layer, kind),
+                    self.device,
+                    0,
+                    self._dtype,
+                    self._buffer_shape,
+                    self._pointer(dst, layer, k),
+                )
         return binding
 
-    def run(self, input_ids, position_ids: np.ndarray | None = None, attention_bias: np.ndarray | None = None,
-            logits_to_keep: int | None = None) -> StepOutput:
+    def run(
+        self,
+        input_ids,
+        position_ids: np.ndarray | None = None,
+        attention_bias: np.ndarray | None = None,
+        logits_to_keep: int | None = None,
+    ) -> StepOutput:
         """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
         step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
         seq, keep = step.ids.shape[1], step.keep

@@ -67,13 +67,19 @@ def gpu_info() -> dict:
     except SpecdecError:
         pass
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         out = None
     if out is None or out.returncode != 0 or "," not in out.stdout:
-        raise SpecdecError("no NVIDIA GPU found (neither cuda-python nor nvidia-smi could query one); "
-                           "TensorRT engines need one. Use provider 'cpu'.")
+        raise SpecdecError(
+            "no NVIDIA GPU found (neither cuda-python nor nvidia-smi could query one); "
+            "TensorRT engines need one. Use provider 'cpu'."
+        )
     name, cc = (part.strip() for part in out.stdout.strip().splitlines()[0].rsplit(",", 1))
     return {"name": name, "compute_capability": cc}
 
@@ -89,18 +95,24 @@ def check_sidecar(sidecar: dict, *, trt_version: str, compute_capability: str, s
     if sidecar.get("format") != SIDECAR_FORMAT:
         raise BundleError(f"{name}: unknown engine sidecar format {sidecar.get('format')!r}; {REBUILD}.")
     if sidecar.get("tensorrt_version") != trt_version:
-        raise BundleError(f"{name} was built with TensorRT {sidecar.get('tensorrt_version')}, this machine has "
-                          f"TensorRT {trt_version}; TensorRT engines only load in the version that built them: "
-                          f"{REBUILD}.")
+        raise BundleError(
+            f"{name} was built with TensorRT {sidecar.get('tensorrt_version')}, this machine has "
+            f"TensorRT {trt_version}; TensorRT engines only load in the version that built them: "
+            f"{REBUILD}."
+        )
     built = sidecar.get("compute_capability")
     level = sidecar.get("hardware_compatibility", "none")
     if level == "ampere_plus":
         if tuple(int(x) for x in compute_capability.split(".")) < (8, 0):
-            raise BundleError(f"{name} is hardware-compatible with Ampere and newer (compute capability >= 8.0); "
-                              f"this GPU has {compute_capability}: {REBUILD}.")
+            raise BundleError(
+                f"{name} is hardware-compatible with Ampere and newer (compute capability >= 8.0); "
+                f"this GPU has {compute_capability}: {REBUILD}."
+            )
     elif built != compute_capability:
-        raise BundleError(f"{name} was built for compute capability {built} ({sidecar.get('gpu', '?')}); this GPU "
-                          f"has {compute_capability}: {REBUILD} (or build with --hardware-compatible on Ampere+).")
+        raise BundleError(
+            f"{name} was built for compute capability {built} ({sidecar.get('gpu', '?')}); this GPU "
+            f"has {compute_capability}: {REBUILD} (or build with --hardware-compatible on Ampere+)."
+        )
     if source_sha256 is not None and sidecar.get("source_sha256") != source_sha256:
         raise BundleError(f"{name} was built from another version of its ONNX graph (sha256 differs); {REBUILD}.")
 
@@ -110,8 +122,9 @@ def source_sha256(root: Path, graph: GraphSpec) -> str | None:
     return read_manifest(root).files.get(graph.path, {}).get("sha256")
 
 
-def find_prebuilt(root: Path, role: str, kind: str, graph: GraphSpec | None = None, *,
-                  required: bool = False) -> dict | None:
+def find_prebuilt(
+    root: Path, role: str, kind: str, graph: GraphSpec | None = None, *, required: bool = False
+) -> dict | None:
     """The bundle's engine of ``kind`` for ``role`` that can run on this machine.
 
     None when the bundle has none (or this machine cannot be queried) and not ``required``;
@@ -121,8 +134,10 @@ def find_prebuilt(root: Path, role: str, kind: str, graph: GraphSpec | None = No
     candidates = [e for e in read_manifest(root).engines if e.get("role") == role and e.get("kind") == kind]
     if not candidates:
         if required:
-            raise BundleError(f"bundle {root} has no {kind} engine for the {role} model; build one with "
-                              f"`specdec-edge build-engines {root}` on this device.")
+            raise BundleError(
+                f"bundle {root} has no {kind} engine for the {role} model; build one with "
+                f"`specdec-edge build-engines {root}` on this device."
+            )
         return None
     try:
         here = {"trt_version": import_tensorrt().__version__, "compute_capability": gpu_info()["compute_capability"]}

@@ -47,8 +47,11 @@ class TensorRTEngine(Engine):
         self._memory = []
         self._cache = self._malloc(2 * self._slab_bytes)
         top, vocab = self._max_seq, graph.vocab_size
-        self._inputs = {"input_ids": self._malloc(8 * top), "position_ids": self._malloc(8 * top),
-                        "attention_bias": self._malloc(4 * top * spec.capacity)}
+        self._inputs = {
+            "input_ids": self._malloc(8 * top),
+            "position_ids": self._malloc(8 * top),
+            "attention_bias": self._malloc(4 * top * spec.capacity),
+        }
         self._outputs = {"logits": self._malloc(4 * top * vocab)}
         if graph.has_hidden_states:
             self._outputs["hidden_states"] = self._malloc(4 * top * graph.hidden_size)
@@ -64,7 +67,7 @@ class TensorRTEngine(Engine):
         self._current = 0
 
     @classmethod
-    def from_bundle(cls, root: Path, role: str, graph: GraphSpec, pad_to: int | None = None) -> "TensorRTEngine":
+    def from_bundle(cls, root: Path, role: str, graph: GraphSpec, pad_to: int | None = None) -> TensorRTEngine:
         entry = find_prebuilt(root, role, "tensorrt", graph, required=True)
         return cls(Path(root) / entry["file"], graph, entry["sidecar_data"], pad_to)
 
@@ -81,8 +84,10 @@ class TensorRTEngine(Engine):
 
     def _upload(self, name: str, array: np.ndarray) -> None:
         kind = self._cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-        cuda_check(self._cudart, self._cudart.cudaMemcpyAsync(self._inputs[name], array.ctypes.data, array.nbytes,
-                                                               kind, self._stream))
+        cuda_check(
+            self._cudart,
+            self._cudart.cudaMemcpyAsync(self._inputs[name], array.ctypes.data, array.nbytes, kind, self._stream),
+        )
         self._context.set_input_shape(name, array.shape)
         self._context.set_tensor_address(name, self._inputs[name])
 
@@ -90,8 +95,10 @@ class TensorRTEngine(Engine):
         step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
         seq, keep = step.ids.shape[1], step.keep
         if seq > self._max_seq:
-            raise SpecdecError(f"this step has {seq} new tokens; the engine takes at most {self._max_seq} per pass: "
-                               "rebuild the engine with a larger --max-verify.")
+            raise SpecdecError(
+                f"this step has {seq} new tokens; the engine takes at most {self._max_seq} per pass: "
+                "rebuild the engine with a larger --max-verify."
+            )
         if seq < self.pad_to <= self.capacity - self.length:  # one shape for every pass: see ort_gpu_engine
             step = pad_step(step, self.pad_to, self.length)
         self._keep[0] = step.keep
@@ -125,8 +132,10 @@ class TensorRTEngine(Engine):
     def _download(self, name: str, shape: tuple) -> np.ndarray:
         out = np.empty(shape, dtype=np.float32)
         kind = self._cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        cuda_check(self._cudart, self._cudart.cudaMemcpyAsync(out.ctypes.data, self._outputs[name], out.nbytes,
-                                                               kind, self._stream))
+        cuda_check(
+            self._cudart,
+            self._cudart.cudaMemcpyAsync(out.ctypes.data, self._outputs[name], out.nbytes, kind, self._stream),
+        )
         return out
 
     def _compact(self, path: np.ndarray) -> None:
@@ -141,6 +150,7 @@ class TensorRTEngine(Engine):
         for j, p in enumerate(path.tolist()):
             if p != j:
                 dst, src = base + (self.length + j) * self._row, base + (self.length + p) * self._row
-                cuda_check(cudart, cudart.cudaMemcpy2DAsync(dst, pitch, src, pitch, self._row, height, kind,
-                                                            self._stream))
+                cuda_check(
+                    cudart, cudart.cudaMemcpy2DAsync(dst, pitch, src, pitch, self._row, height, kind, self._stream)
+                )
         cuda_check(cudart, cudart.cudaStreamSynchronize(self._stream))

@@ -53,8 +53,9 @@ def _profile_string(profiles: dict, which: int) -> str:
     return ",".join(f"{name}:{'x'.join(str(d) for d in shapes[which])}" for name, shapes in profiles.items())
 
 
-def tensorrt_ep_options(graph: GraphSpec, cache_dir: str | Path, *, max_verify: int = MAX_VERIFY,
-                        fp16: bool | None = None) -> dict[str, str]:
+def tensorrt_ep_options(
+    graph: GraphSpec, cache_dir: str | Path, *, max_verify: int = MAX_VERIFY, fp16: bool | None = None
+) -> dict[str, str]:
     """ONNX Runtime TensorRT EP options for ``graph``: explicit profile, precision, engine cache.
 
     fp16 defaults to the graph's precision (an fp32 graph stays fp32, so it matches CPU results).

@@ -36,13 +36,10 @@ def _check_shapes(draft_tokens: np.ndarray, target: np.ndarray, draft_probs: np.
     k = draft_tokens.shape[0] if draft_tokens.ndim == 1 else -1
     if k < 0 or target.ndim != 2 or target.shape[0] != k + 1:
         raise SpecdecError(
-            f"acceptance needs draft_tokens [k] and target rows [k+1, V]; "
-            f"got {draft_tokens.shape} and {target.shape}."
+            f"acceptance needs draft_tokens [k] and target rows [k+1, V]; got {draft_tokens.shape} and {target.shape}."
         )
     if draft_probs is not None and draft_probs.shape != (k, target.shape[1]):
-        raise SpecdecError(
-            f"draft_probs must have shape [k, V] = {(k, target.shape[1])}, got {draft_probs.shape}."
-        )
+        raise SpecdecError(f"draft_probs must have shape [k, V] = {(k, target.shape[1])}, got {draft_probs.shape}.")
     return k
 
 
@@ -135,8 +132,9 @@ def deepest_branch(parents: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return np.array(path_to(parents, int(depth.argmax())), dtype=np.int64)
 
 
-def accept_tree_sampling(tokens: np.ndarray, parents: np.ndarray, target_probs: np.ndarray,
-                         rng: np.random.Generator) -> tuple[np.ndarray, int]:
+def accept_tree_sampling(
+    tokens: np.ndarray, parents: np.ndarray, target_probs: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, int]:
     """Exact sampling over a tree of deterministic proposals (recursive rejection over siblings).
 
     At each node, try its children in order: accept child x with probability p(x); on
@@ -165,9 +163,14 @@ def accept_tree_sampling(tokens: np.ndarray, parents: np.ndarray, target_probs: 
 TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3
 
 
-def accept_tree_typical(tokens: np.ndarray, parents: np.ndarray, target_probs: np.ndarray,
-                        rng: np.random.Generator, epsilon: float = TYPICAL_EPSILON,
-                        delta: float = TYPICAL_DELTA) -> tuple[np.ndarray, int]:
+def accept_tree_typical(
+    tokens: np.ndarray,
+    parents: np.ndarray,
+    target_probs: np.ndarray,
+    rng: np.random.Generator,
+    epsilon: float = TYPICAL_EPSILON,
+    delta: float = TYPICAL_DELTA,
+) -> tuple[np.ndarray, int]:
     """Typical acceptance over a token tree. LOSSY: the output does not follow the target's distribution.
 
     A node is plausible when the target gives its token, after its parent, a probability above
@@ -195,8 +198,9 @@ class AcceptanceRule(ABC):
     lossy = False  # True: sampling no longer follows the target's distribution (greedy stays exact)
 
     @abstractmethod
-    def __call__(self, proposal: Proposal, logits: np.ndarray, params: SamplingParams,
-                 rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    def __call__(
+        self, proposal: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+    ) -> tuple[np.ndarray, int]:
         """Args:
             proposal: the verified draft (chain or tree) of m tokens.
             logits: [1+m, V] target logits; row 0 follows the pending token, row 1+i follows node i.
@@ -245,5 +249,4 @@ class TypicalAcceptance(AcceptanceRule):
             return EXACT(proposal, logits, params, rng)
         tokens = np.asarray(proposal.tokens, dtype=np.int64)
         parents = proposal.parents if proposal.parents is not None else np.arange(len(tokens)) - 1
-        return accept_tree_typical(tokens, parents, probs_from_logits(logits, params), rng, self.epsilon,
-                                   self.delta)
+        return accept_tree_typical(tokens, parents, probs_from_logits(logits, params), rng, self.epsilon, self.delta)

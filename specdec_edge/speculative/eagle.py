@@ -33,8 +33,10 @@ class EagleProposer(Proposer):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
                 raise SpecdecError(f"EAGLE option {name}={value!r} is invalid: use an integer.")
         if not 1 <= topk <= graph.top_k or nodes < 1 or (depth is not None and depth < 1):
-            raise SpecdecError(f"EAGLE needs 1 <= topk <= {graph.top_k}, nodes >= 1 and depth >= 1; "
-                               f"got topk={topk}, nodes={nodes}, depth={depth}.")
+            raise SpecdecError(
+                f"EAGLE needs 1 <= topk <= {graph.top_k}, nodes >= 1 and depth >= 1; "
+                f"got topk={topk}, nodes={nodes}, depth={depth}."
+            )
         self.graph, self.tap, self.topk, self.nodes, self.depth = graph, tap, topk, nodes, depth
         c = graph.config
         capacity = tap.capacity + 1 + 64 * topk  # committed slots + the scratch slots of one tree
@@ -49,9 +51,14 @@ class EagleProposer(Proposer):
         """One head pass; the new K/V land in slots past..past+S-1 (past = bias width - S)."""
         past = bias.shape[-1] - len(ids)
         hidden, logp, top, key, value = self.graph.run(
-            features=np.ascontiguousarray(features[None], dtype=np.float32), input_ids=np.asarray(ids, np.int64)[None],
-            position_ids=np.asarray(positions, np.int64)[None], past_key=self.keys[:, :past],
-            past_value=self.values[:, :past], attention_bias=bias, logit_rows=np.asarray(rows, np.int64))
+            features=np.ascontiguousarray(features[None], dtype=np.float32),
+            input_ids=np.asarray(ids, np.int64)[None],
+            position_ids=np.asarray(positions, np.int64)[None],
+            past_key=self.keys[:, :past],
+            past_value=self.values[:, :past],
+            attention_bias=bias,
+            logit_rows=np.asarray(rows, np.int64),
+        )
         self.keys[:, past : past + len(ids)] = key  # contiguous prefix slices: nothing is copied to run
         self.values[:, past : past + len(ids)] = value
         return hidden[0], logp, top
@@ -62,8 +69,13 @@ class EagleProposer(Proposer):
             return EMPTY
         # 1. Feed the true features not yet in the head cache: slots length..n-2.
         start = self.length
-        hidden, logp, top = self._run(self.tap.features[start : n - 1], context[start + 1 : n], np.arange(start, n - 1),
-                                      causal_bias(start, n - 1 - start), [n - 2 - start])
+        hidden, logp, top = self._run(
+            self.tap.features[start : n - 1],
+            context[start + 1 : n],
+            np.arange(start, n - 1),
+            causal_bias(start, n - 1 - start),
+            [n - 2 - start],
+        )
         self.length = n - 1
         # 2. Grow the tree: node = (token, parent, score, depth, input feature); expanded nodes get a slot.
         tokens, parents, scores, depths, feats = [], [], [], [], []
@@ -89,8 +101,13 @@ class EagleProposer(Proposer):
             for r, node in enumerate(chosen):
                 bias[0, 0, r, past + r] = 0.0
                 bias[0, 0, r, [slot[a] for a in path_to(parents, node)[:-1]]] = 0.0  # its expanded ancestors
-            out, lp, ids = self._run(np.stack([feats[i] for i in chosen]), [tokens[i] for i in chosen],
-                                     [n - 2 + depth] * len(chosen), bias, np.arange(len(chosen)))
+            out, lp, ids = self._run(
+                np.stack([feats[i] for i in chosen]),
+                [tokens[i] for i in chosen],
+                [n - 2 + depth] * len(chosen),
+                bias,
+                np.arange(len(chosen)),
+            )
             for r, node in enumerate(chosen):
                 slot[node] = past + r
                 add_children(node, depth + 1, scores[node], out[r], lp[r], ids[r])
@@ -104,5 +121,7 @@ class EagleProposer(Proposer):
                 kept.add(i)
         kept = sorted(kept, key=lambda i: (depths[i], -scores[i]))
         index = {node: j for j, node in enumerate(kept)}
-        return Proposal(np.array([tokens[i] for i in kept], dtype=np.int64),
-                        parents=np.array([index.get(parents[i], -1) for i in kept], dtype=np.int64))
+        return Proposal(
+            np.array([tokens[i] for i in kept], dtype=np.int64),
+            parents=np.array([index.get(parents[i], -1) for i in kept], dtype=np.int64),
+        )

@@ -19,8 +19,10 @@ class FeatureTap(Engine):
 
     def __init__(self, engine: Engine):
         if not engine.graph.has_hidden_states:
-            raise SpecdecError("the target graph has no hidden_states output, which draft heads read; "
-                               "re-export the bundle with --hidden-states (or with --heads).")
+            raise SpecdecError(
+                "the target graph has no hidden_states output, which draft heads read; "
+                "re-export the bundle with --hidden-states (or with --heads)."
+            )
         self.engine = engine
         self.graph = engine.graph
         self.capacity = engine.capacity

@@ -23,11 +23,12 @@ from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
 class LookaheadProposer(Proposer):
-    def __init__(self, window: int = 4, ngram: int = 3, guesses: int = 4, prompt_ngrams: bool = True,
-                 seed: int = 0):
+    def __init__(self, window: int = 4, ngram: int = 3, guesses: int = 4, prompt_ngrams: bool = True, seed: int = 0):
         if window < 1 or ngram < 2 or guesses < 0:
-            raise SpecdecError(f"lookahead needs window >= 1, ngram >= 2 and guesses >= 0; got window={window}, "
-                               f"ngram={ngram}, guesses={guesses}.")
+            raise SpecdecError(
+                f"lookahead needs window >= 1, ngram >= 2 and guesses >= 0; got window={window}, "
+                f"ngram={ngram}, guesses={guesses}."
+            )
         self.window, self.ngram, self.guesses = window, ngram, guesses
         self.prompt_ngrams = prompt_ngrams
         self.seed = seed

@@ -34,8 +34,9 @@ class PromptLookupProposer(Proposer):
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
-            raise SpecdecError(f"prompt lookup needs 1 <= min_ngram <= max_ngram; got min_ngram={min_ngram}, "
-                               f"max_ngram={max_ngram}.")
+            raise SpecdecError(
+                f"prompt lookup needs 1 <= min_ngram <= max_ngram; got min_ngram={min_ngram}, max_ngram={max_ngram}."
+            )
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.buf = np.zeros(0, dtype=np.int64)
         self.length = 0

@@ -31,6 +31,7 @@ from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import tree_inputs
 
 log = logging.getLogger("specdec_edge")
+GREEDY = SamplingParams()
 NEAR_TIE = 1e-3  # greedy: a top-2 logit gap below this may flip between a k-token and a 1-token pass
 
 
@@ -58,7 +59,7 @@ def decode(
     prompt: Sequence[int],
     *,
     max_new_tokens: int,
-    params: SamplingParams = SamplingParams(),
+    params: SamplingParams = GREEDY,
     k: int = 4,
     eos_ids: frozenset | set = frozenset(),
     rng: np.random.Generator | None = None,
@@ -123,8 +124,11 @@ def decode(
             if ties:
                 stats.near_ties += ties
                 stats.min_logit_gap = min(stats.min_logit_gap or gap, gap)
-                log.info("near tie after %d new tokens: top-2 logit gap %.2e (greedy may differ from a "
-                         "one-token pass here)", stats.new_tokens, gap)
+                log.info(
+                    "near tie after %d new tokens: top-2 logit gap %.2e (greedy may differ from a one-token pass here)",
+                    stats.new_tokens,
+                    gap,
+                )
         stats.steps += 1
         stats.proposed += len(proposal.tokens)
         stats.accepted += n

@@ -22,10 +22,26 @@ if TYPE_CHECKING:  # only for type hints: the head sessions live in runtime/
 
 # Rank paths of the default Medusa tree: depth 1..5, most likely first (21 nodes).
 MEDUSA_TREE = (
-    (0,), (1,), (2,), (3,), (4,),
-    (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (0, 3),
-    (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 2),
-    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0),
+    (0,),
+    (1,),
+    (2,),
+    (3,),
+    (4,),
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (1, 0),
+    (1, 1),
+    (2, 0),
+    (0, 3),
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 1, 0),
+    (1, 0, 0),
+    (0, 0, 2),
+    (0, 0, 0, 0),
+    (0, 0, 0, 1),
+    (0, 0, 1, 0),
     (0, 0, 0, 0, 0),
 )
 
@@ -40,7 +56,9 @@ class MedusaProposer(Proposer):
         paths = sorted(dict.fromkeys(tuple(int(r) for r in p) for p in tree), key=len)  # stable: parents first
         for p in paths:
             if not p or len(p) > depth_max or max(p) >= graph.top_k or min(p) < 0:
-                raise SpecdecError(f"Medusa tree path {p} is invalid: depth 1..{depth_max}, ranks 0..{graph.top_k - 1}.")
+                raise SpecdecError(
+                    f"Medusa tree path {p} is invalid: depth 1..{depth_max}, ranks 0..{graph.top_k - 1}."
+                )
             if len(p) > 1 and p[:-1] not in paths:
                 raise SpecdecError(f"Medusa tree path {p} has no parent path {p[:-1]}; list every prefix.")
         self.paths = paths

@@ -9,13 +9,11 @@ one record here; the acceptance rule is an object the decode loop applies
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import Engine
@@ -53,8 +51,12 @@ class Option:
 
     def describe(self) -> str:
         """``"an integer >= 1"``-style text for errors and help."""
-        what = {"int": "an integer", "float": "a number", "bool": "true or false",
-                "tree": "a list of rank paths such as [[0], [1], [0, 0]]"}[self.kind]
+        what = {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "tree": "a list of rank paths such as [[0], [1], [0, 0]]",
+        }[self.kind]
         if self.low is not None:
             what += f" {'>' if self.strict else '>='} {self.low:g}"
         return what
@@ -65,8 +67,10 @@ class Option:
         bad = parsed is None or (self.low is not None and (parsed <= self.low if self.strict else parsed < self.low))
         if bad:
             default = "the bundle's setting" if self.default is None else json.dumps(self.default)
-            raise SpecdecError(f"bad option for method {method!r}: {self.name}={value!r} is invalid; use "
-                               f"{self.describe()} (default: {default}).")
+            raise SpecdecError(
+                f"bad option for method {method!r}: {self.name}={value!r} is invalid; use "
+                f"{self.describe()} (default: {default})."
+            )
         return parsed
 
 
@@ -146,8 +150,10 @@ class Method:
             if need == "draft" and not has_draft:
                 return f"{where} has no draft model; use method 'pld' or 'plain', or export with --draft."
             if need in HEAD_METHODS and need not in heads:
-                return (f"{where} has no {need} heads; train them with `specdec-edge train-draft --method {need}` "
-                        "and export with --heads, or use method 'pld'.")
+                return (
+                    f"{where} has no {need} heads; train them with `specdec-edge train-draft --method {need}` "
+                    "and export with --heads, or use method 'pld'."
+                )
         return None
 
     def check_options(self, options: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -156,8 +162,9 @@ class Method:
         unknown = [name for name in options if name not in known]
         if unknown:
             valid = ", ".join(known) or "none"
-            raise SpecdecError(f"bad option for method {self.name!r}: it has no option {unknown[0]!r} "
-                               f"(its options: {valid}).")
+            raise SpecdecError(
+                f"bad option for method {self.name!r}: it has no option {unknown[0]!r} (its options: {valid})."
+            )
         proposer, rule = {}, {}
         for o in self.options:
             value = o.parse(self.name, options[o.name]) if o.name in options else o.default
@@ -211,22 +218,50 @@ def _pld_eagle(res: Resources, options: dict) -> Proposer:
 
 
 _METHODS = (
-    Method("plain", "nothing: the same loop, one token per target pass", lambda res, o: EmptyProposer(),
-           speculative=False),
-    Method("draft", "a smaller model with the same tokenizer, k tokens per step",
-           lambda res, o: DraftModelProposer(res.draft), needs=("draft",)),
-    Method("pld", "prompt lookup: continuation of the latest earlier occurrence of the last n-gram",
-           lambda res, o: PromptLookupProposer(**o), PLD_OPTIONS),
-    Method("lookahead", "Jacobi guesses + n-gram pool, verified as one token tree",
-           lambda res, o: LookaheadProposer(**o), LOOKAHEAD_OPTIONS),
-    Method("eagle", "an EAGLE head (one decoder layer over the target's features) grows a dynamic token tree",
-           _eagle, EAGLE_OPTIONS, needs=("eagle",)),
+    Method(
+        "plain", "nothing: the same loop, one token per target pass", lambda res, o: EmptyProposer(), speculative=False
+    ),
+    Method(
+        "draft",
+        "a smaller model with the same tokenizer, k tokens per step",
+        lambda res, o: DraftModelProposer(res.draft),
+        needs=("draft",),
+    ),
+    Method(
+        "pld",
+        "prompt lookup: continuation of the latest earlier occurrence of the last n-gram",
+        lambda res, o: PromptLookupProposer(**o),
+        PLD_OPTIONS,
+    ),
+    Method(
+        "lookahead",
+        "Jacobi guesses + n-gram pool, verified as one token tree",
+        lambda res, o: LookaheadProposer(**o),
+        LOOKAHEAD_OPTIONS,
+    ),
+    Method(
+        "eagle",
+        "an EAGLE head (one decoder layer over the target's features) grows a dynamic token tree",
+        _eagle,
+        EAGLE_OPTIONS,
+        needs=("eagle",),
+    ),
     Method("medusa", "Medusa heads propose a static token tree", _medusa, MEDUSA_OPTIONS, needs=("medusa",)),
-    Method("medusa-typical", "Medusa with typical acceptance: LOSSY when sampling (greedy stays exact)", _medusa,
-           MEDUSA_OPTIONS + TYPICAL_OPTIONS, needs=("medusa",), rule=TypicalAcceptance),
-    Method("pld-eagle", "prompt lookup where a 2+ token n-gram repeats, else the EAGLE head", _pld_eagle,
-           (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1), *EAGLE_OPTIONS),
-           needs=("eagle",)),
+    Method(
+        "medusa-typical",
+        "Medusa with typical acceptance: LOSSY when sampling (greedy stays exact)",
+        _medusa,
+        MEDUSA_OPTIONS + TYPICAL_OPTIONS,
+        needs=("medusa",),
+        rule=TypicalAcceptance,
+    ),
+    Method(
+        "pld-eagle",
+        "prompt lookup where a 2+ token n-gram repeats, else the EAGLE head",
+        _pld_eagle,
+        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1), *EAGLE_OPTIONS),
+        needs=("eagle",),
+    ),
 )
 METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
 # Exact head methods a bundle may name as its default, fastest measured on a CPU first (docs/PERFORMANCE.md).
@@ -254,8 +289,7 @@ def default_method(has_draft: bool, heads_section: Mapping | None) -> str:
 def head_default_choices(heads: Iterable[str] | None = None) -> list[str]:
     """Exact methods that run on trained heads alone (of ``heads``, when given): what a bundle may default to."""
     heads = set(HEAD_METHODS if heads is None else heads)
-    return [m.name for m in METHODS.values()
-            if m.needs and not m.lossy and set(m.needs) <= heads]
+    return [m.name for m in METHODS.values() if m.needs and not m.lossy and set(m.needs) <= heads]
 
 
 def default_head_method(heads: Iterable[str], requested: str | None = None) -> str:
@@ -267,8 +301,9 @@ def default_head_method(heads: Iterable[str], requested: str | None = None) -> s
     if requested is None:
         requested = next(m for m in HEAD_DEFAULT_PREFERENCE if m in choices)
     if requested not in choices:
-        raise SpecdecError(f"default head method {requested!r} needs heads that were not given; choose one of "
-                           f"{', '.join(choices)}.")
+        raise SpecdecError(
+            f"default head method {requested!r} needs heads that were not given; choose one of {', '.join(choices)}."
+        )
     return requested
 
 
@@ -277,8 +312,10 @@ def methods_table() -> str:
     rows = ["| method | what proposes | needs | options (default) |", "|---|---|---|---|"]
     for m in METHODS.values():
         needs = "; ".join(HOW_TO_GET[n] for n in m.needs) or "–"
-        options = ", ".join(f"`{o.name}` ({'bundle' if o.default is None else json.dumps(o.default)})"
-                            for o in m.options) or "–"
+        options = (
+            ", ".join(f"`{o.name}` ({'bundle' if o.default is None else json.dumps(o.default)})" for o in m.options)
+            or "–"
+        )
         rows.append(f"| `{m.name}` | {m.summary} | {needs} | {options} |")
     return "\n".join(rows) + "\n"
 

@@ -59,7 +59,13 @@ class Stats:
         """Plain JSON-able dict: the counters, the timers and the derived rates."""
         d = asdict(self)
         d["accepted_lengths"] = {str(n): c for n, c in sorted(self.accepted_lengths.items())}
-        for name in ("decode_s", "other_s", "tokens_per_pass", "acceptance_rate", "tokens_per_s",
-                     "decode_tokens_per_s"):
+        for name in (
+            "decode_s",
+            "other_s",
+            "tokens_per_pass",
+            "acceptance_rate",
+            "tokens_per_s",
+            "decode_tokens_per_s",
+        ):
             d[name] = getattr(self, name)
         return d
