@@ -202,6 +202,7 @@ def run_bench(
         for m in pipes
     }
     info = {
+        "baseline": baseline(meta or {}),
         "methods": list(pipes),
         "k": k,
         "max_new_tokens": max_new_tokens,
@@ -220,6 +221,16 @@ def run_bench(
         "skipped_prompts": skipped_prompts,
         "divergences": divergences,
     }
+
+
+def baseline(meta: dict) -> str:
+    """What ``speedup_vs_plain`` divides by, in words (the JSON's ``meta.baseline`` and the table's header)."""
+    threads = meta.get("threads") or "default"
+    if meta.get("spinning", True):
+        pool = "one process-wide spinning thread pool (the draft and head sessions share it and sit idle)"
+    else:
+        pool = "a sleeping thread pool per session (--no-spinning: plain is not at its fastest here)"
+    return f"plain decoding on the same target engine, {threads} threads, {pool}"
 
 
 def _warm_up(pipes: dict) -> None:
@@ -338,6 +349,7 @@ def to_markdown(report: dict) -> str:
         f"Bench of {model_name(meta)} ({meta.get('dtype', '?')}), "
         f"{mode}, k={meta['k']}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
         f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.",
+        f"Speedup baseline: {meta.get('baseline', 'plain decoding on the same engines')}.",
         "",
         "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
         "| identical | near-ties |",

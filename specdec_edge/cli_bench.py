@@ -47,7 +47,13 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     show_default=True,
     help="Speculation length: draft tokens verified per target pass.",
 )
-@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads per model.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads.")
+@click.option(
+    "--spinning/--no-spinning",
+    default=True,
+    show_default=True,
+    help="One process-wide spinning thread pool for every session (plain at its fastest), or a sleeping pool each.",
+)
 @click.option(
     "--temperature",
     type=click.FloatRange(min=0),
@@ -83,6 +89,7 @@ def bench(
     max_new_tokens,
     k,
     threads,
+    spinning,
     temperature,
     seed,
     options,
@@ -126,10 +133,11 @@ def bench(
     meta = {
         **bundle_metadata(bundle),
         "threads": threads,
+        "spinning": spinning,
         "n_per_category": n_per_category,
         "prompts_file": prompts_file or "packaged Spec-Bench",
     }
-    pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads)
+    pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads, spinning=spinning)
     meta["options"] = method_options
     report = run_bench(
         pipe,

@@ -48,7 +48,14 @@ def generation_options(f):
             "--threads",
             type=click.IntRange(min=1),
             default=None,
-            help="CPU threads per model (default: ONNX Runtime's choice).",
+            help="CPU threads (default: one per physical core).",
+        ),
+        click.option(
+            "--spinning/--no-spinning",
+            default=True,
+            show_default=True,
+            help="Spinning: every model shares one process-wide thread pool that spins between ops (fastest). "
+            "--no-spinning: a sleeping pool per model, leaving the CPU idle between ops (slower).",
         ),
         click.option(
             "--allow-inexact",
@@ -77,7 +84,7 @@ def generation_options(f):
     return f
 
 
-def load(bundle, method, k, threads, options=(), provider="cpu", allow_inexact=False):
+def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False):
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
 
@@ -86,6 +93,7 @@ def load(bundle, method, k, threads, options=(), provider="cpu", allow_inexact=F
         method=method,
         k=k,
         threads=threads,
+        spinning=spinning,
         provider=provider,
         allow_inexact=allow_inexact,
         **parse_options(options),
@@ -112,6 +120,7 @@ def chat(
     top_p,
     seed,
     threads,
+    spinning,
     allow_inexact,
     options,
     provider,
@@ -128,7 +137,7 @@ def chat(
       specdec-edge chat bundles/smollm2 --temperature 0.7 --top-p 0.9 --system "Be brief."
       specdec-edge chat bundles/pair --method plain --threads 2
     """
-    pipe = load(bundle, method, k, threads, options, provider, allow_inexact)
+    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
     click.echo(
@@ -195,6 +204,7 @@ def generate(
     top_p,
     seed,
     threads,
+    spinning,
     allow_inexact,
     options,
     provider,
@@ -211,7 +221,7 @@ def generate(
       specdec-edge generate bundles/smollm2 --prompt "List three colours." --chat-template --json
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
     """
-    pipe = load(bundle, method, k, threads, options, provider, allow_inexact)
+    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
     request = [{"role": "user", "content": prompt}] if use_template else prompt
     stream = pipe.stream(
         request,

@@ -19,6 +19,7 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime import Engine, open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
+from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.loop import decode
@@ -83,6 +84,7 @@ class Pipeline:
         k: int = 4,
         threads: int | None = None,
         provider: str = "cpu",
+        spinning: bool = True,
         allow_inexact: bool = False,
         pad_to: int | None = None,
         **options,
@@ -97,6 +99,9 @@ class Pipeline:
         ``guesses``; eagle: ``topk``, ``nodes``, ``depth``; medusa: ``tree``; medusa-typical also
         ``epsilon``, ``delta``); head methods default to the tree settings the manifest records.
         "medusa-typical" is LOSSY when sampling (greedy stays exact).
+        ``threads``: CPU threads (None: one per physical core). ``spinning`` (default): every CPU
+        session of the process shares one spinning thread pool, the fastest measured; False gives
+        each session a pool that sleeps between ops, leaving the CPU idle (``runtime/threads.py``).
         ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or
         "trt" (TensorRT engines from `specdec-edge build-engines`); see ``runtime/factory.py``.
         ``allow_inexact``: permit speculation on int8/int4 bundles, whose batched verification
@@ -113,21 +118,13 @@ class Pipeline:
         )
         if problem:  # before the engines load
             raise SpecdecError(problem)
-        share = manifest.draft is not None or bool(heads)  # several sessions in one process: no spinning pools
-        target = open_engine(
-            root, manifest.target.graph, provider=provider, threads=threads, share_process=share, pad_to=pad_to
-        )
+        cpu = check_threads(threads, spinning)
+        share = manifest.draft is not None or bool(heads)  # GPU engines: their CPU fallback pools must not spin
+        engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
+        target = open_engine(root, manifest.target.graph, share_process=share, **engine)
         draft = None
         if manifest.draft is not None:
-            draft = open_engine(
-                root,
-                manifest.draft.graph,
-                provider=provider,
-                threads=threads,
-                share_process=True,
-                role="draft",
-                pad_to=pad_to,
-            )
+            draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **engine)
         return cls(
             Tokenizer.from_bundle(root, manifest.tokenizer),
             target,
@@ -135,7 +132,7 @@ class Pipeline:
             method,
             k,
             options,
-            heads=load_head_graphs(root, heads, threads),
+            heads=load_head_graphs(root, heads, cpu),
             allow_inexact=allow_inexact,
         )
 

@@ -26,7 +26,7 @@ from specdec_edge.runtime import OrtEngine
 from specdec_edge.runtime.base import PAD_TO
 from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine, compaction_model
 from specdec_edge.runtime.prebuilt import check_sidecar, find_prebuilt
-from specdec_edge.runtime.sessions import ort_package_conflict
+from specdec_edge.runtime.sessions import create_session, ort_package_conflict, session_options
 from specdec_edge.runtime.trt_profiles import tensorrt_ep_options, tensorrt_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,7 +319,7 @@ def test_compaction_graph_is_valid_onnx_and_moves_slots_in_place(dtype):
     want[..., 3:6, :] = cache[..., [3, 5, 8], :]
     value = ort.OrtValue.ortvalue_from_shape_and_type(cache.shape, dtype, "cpu", 0)  # bound by pointer, as on a GPU
     value.update_inplace(cache)
-    session = ort.InferenceSession(compaction_model(name), providers=["CPUExecutionProvider"])
+    session = create_session(compaction_model(name), session_options(1), "cpu")
     binding = session.io_binding()
     binding.bind_input("cache", "cpu", 0, dtype, cache.shape, value.data_ptr())
     binding.bind_output("cache_out", "cpu", 0, dtype, cache.shape, value.data_ptr())

@@ -27,7 +27,7 @@ EOS = frozenset({2})
 
 def engines(bundle: Path) -> tuple[OrtEngine, OrtEngine]:
     m = read_manifest(bundle)
-    make = lambda spec: OrtEngine(bundle / spec.graph.path, spec.graph, threads=1, share_process=True)  # noqa: E731
+    make = lambda spec: OrtEngine(bundle / spec.graph.path, spec.graph, threads=1)  # noqa: E731
     return make(m.target), make(m.draft)
 
 

@@ -55,9 +55,10 @@ def _write_graph(graph: nn.Module, recipe: HeadRecipe, example: tuple, path: Pat
 
 def _compare(graph: nn.Module, recipe: HeadRecipe, examples: list[tuple], path: Path) -> dict:
     """Worst relative error per output (and top-1 id agreement) of the ONNX file vs ``graph`` over ``examples``."""
-    import onnxruntime as ort
+    from specdec_edge.runtime.sessions import create_session
+    from specdec_edge.runtime.threads import DEFAULT_THREADS, cpu_session_options
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = create_session(path, cpu_session_options(DEFAULT_THREADS), "cpu")
     report: dict = {}
     for example in examples:  # the traced shapes and other ones (dynamic axes)
         with torch.no_grad():

@@ -35,19 +35,23 @@ def open_engine(
     *,
     provider: str = "cpu",
     threads: int | None = None,
+    spinning: bool = True,
     share_process: bool = False,
     role: str = "target",
     pad_to: int | None = None,
 ) -> Engine:
     """The engine of ``provider`` over one bundle graph (see the table in this module's docstring).
 
-    ``pad_to``: GPU engines pad narrower passes to this many rows so that speculative and plain
-    decoding round alike (``ort_gpu_engine``; default 32, 0 = off); the CPU engine needs no padding.
+    ``threads``/``spinning``: CPU threads (``runtime/threads.py``: by default every CPU session of the
+    process shares one spinning pool). ``share_process`` (GPU engines only): other sessions run in
+    this process, so the session's CPU fallback pool does not spin. ``pad_to``: GPU engines pad
+    narrower passes to this many rows so that speculative and plain decoding round alike
+    (``ort_gpu_engine``; default 32, 0 = off); the CPU engine needs no padding.
     """
     if provider not in BACKENDS:
         raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(BACKENDS)}.")
     if provider == "cpu":
-        return OrtEngine(root / graph.path, graph, provider=provider, threads=threads, share_process=share_process)
+        return OrtEngine(root / graph.path, graph, provider=provider, threads=threads, spinning=spinning)
     if provider == "trt":
         from specdec_edge.runtime.tensorrt_engine import TensorRTEngine
 

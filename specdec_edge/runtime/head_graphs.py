@@ -10,14 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_edge.runtime.sessions import create_session, session_options
+from specdec_edge.runtime.sessions import create_session
+from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
 
 
 class HeadGraph:
     """One head graph of a bundle in its own ONNX Runtime session, with its manifest settings."""
 
-    def __init__(self, path: Path, section: dict, threads: int | None = None):
-        self.session = create_session(path, session_options(threads, share_process=True), "cpu")
+    def __init__(self, path: Path, section: dict, cpu: CpuThreads = DEFAULT_THREADS):
+        self.session = create_session(path, cpu_session_options(cpu), "cpu")
         self.config = section["config"]  # the head's architecture (hidden size, heads, draft vocabulary, ...)
         self.top_k = int(section["top_k"])  # candidates per row the graph returns
         self.defaults = dict(section.get("tree", {}))  # tree settings the bundle was measured with
@@ -26,6 +27,6 @@ class HeadGraph:
         return self.session.run(None, inputs)
 
 
-def load_head_graphs(root: Path, heads: dict | None, threads: int | None = None) -> dict[str, HeadGraph]:
+def load_head_graphs(root: Path, heads: dict | None, cpu: CpuThreads = DEFAULT_THREADS) -> dict[str, HeadGraph]:
     """``{"eagle": HeadGraph, "medusa": HeadGraph}`` for the heads a bundle's manifest lists."""
-    return {m: HeadGraph(Path(root) / s["graph"], s, threads) for m, s in (heads or {}).items() if m != "default"}
+    return {m: HeadGraph(Path(root) / s["graph"], s, cpu) for m, s in (heads or {}).items() if m != "default"}

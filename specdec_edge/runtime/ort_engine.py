@@ -20,7 +20,8 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.runtime.base import Engine, StepOutput
-from specdec_edge.runtime.sessions import bind_host_outputs, create_session, session_options
+from specdec_edge.runtime.sessions import bind_host_outputs, create_session
+from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 
 
 class OrtEngine(Engine):
@@ -33,11 +34,11 @@ class OrtEngine(Engine):
         *,
         provider: str = "cpu",
         threads: int | None = None,
-        share_process: bool = False,
+        spinning: bool = True,
         capacity: int | None = None,
     ):
         self.graph = graph
-        self.session = create_session(model_path, session_options(threads, share_process), provider)
+        self.session = create_session(model_path, cpu_session_options(CpuThreads(threads, spinning)), provider)
         spec = graph.cache
         self.capacity = min(capacity or spec.capacity, spec.capacity)
         dtype = np.float16 if spec.dtype == "float16" else np.float32

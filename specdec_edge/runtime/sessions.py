@@ -16,6 +16,7 @@ import onnxruntime as ort
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS
+from specdec_edge.runtime.threads import OWN_SESSIONS, PROCESS_POOL
 
 # provider name (``Pipeline.load(provider=...)``) -> ONNX Runtime execution provider
 PROVIDERS = {
@@ -83,6 +84,9 @@ def require_provider(provider: str) -> str:
 def create_session(model_path, opts: ort.SessionOptions, provider: str, provider_options: dict | None = None):
     """An InferenceSession on ``provider`` (CPU kept as fallback for single ops); checks what was used.
 
+    Every session of this package is made here: it joins the process-wide thread pool when one
+    exists (``runtime/threads.py``).
+
     ``model_path``: a file, or ONNX bytes.
     """
     wanted = require_provider(provider)
@@ -91,9 +95,12 @@ def create_session(model_path, opts: ort.SessionOptions, provider: str, provider
     providers = [(wanted, provider_options or {})]
     if wanted != "CPUExecutionProvider":
         providers.append("CPUExecutionProvider")
+    if PROCESS_POOL.exists:  # ONNX Runtime refuses a session with its own pool once the process-wide one exists
+        opts.use_per_session_threads = False
     try:
         model = model_path if isinstance(model_path, bytes) else str(model_path)
         session = ort.InferenceSession(model, sess_options=opts, providers=providers)
+        OWN_SESSIONS.add(session)
     except Exception as e:  # onnxruntime raises its own pybind exception types
         if "EPContext" in str(e):
             raise SpecdecError(
@@ -113,8 +120,9 @@ def create_session(model_path, opts: ort.SessionOptions, provider: str, provider
 
 
 def session_options(threads: int | None = None, share_process: bool = False) -> ort.SessionOptions:
-    """Options of every session: full graph optimization, ``threads`` intra-op threads (None: ONNX
-    Runtime's choice); ``share_process`` when other sessions run in the same process."""
+    """Options of a GPU-provider session (CPU sessions: ``threads.cpu_session_options``): full graph
+    optimization, ``threads`` intra-op threads for CPU fallback ops (None: ONNX Runtime's choice);
+    ``share_process`` when other sessions run in the same process."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
