@@ -95,8 +95,10 @@ def create_session(model_path, opts: ort.SessionOptions, provider: str, provider
     providers = [(wanted, provider_options or {})]
     if wanted != "CPUExecutionProvider":
         providers.append("CPUExecutionProvider")
-    if PROCESS_POOL.exists:  # ONNX Runtime refuses a session with its own pool once the process-wide one exists
+    if PROCESS_POOL.exists and opts.use_per_session_threads:
+        # ONNX Runtime refuses a session with its own pool once the process-wide one exists.
         opts.use_per_session_threads = False
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 0  # the pool's sizes apply (else a warning)
     try:
         model = model_path if isinstance(model_path, bytes) else str(model_path)
         session = ort.InferenceSession(model, sess_options=opts, providers=providers)

@@ -114,10 +114,10 @@ def cpu_session_options(cpu: CpuThreads) -> ort.SessionOptions:
     """Options of a CPU session: full graph optimization, sequential execution, threads as ``cpu`` says."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.inter_op_num_threads = 1
     if cpu.spinning and PROCESS_POOL.join(cpu.threads):
-        opts.use_per_session_threads = False
+        opts.use_per_session_threads = False  # thread counts come from the pool (setting them here only warns)
         return opts
+    opts.inter_op_num_threads = 1
     if cpu.threads:
         opts.intra_op_num_threads = int(cpu.threads)
     if cpu.spinning:  # no shared pool: spin while a run lasts, then sleep, so that pools do not fight
