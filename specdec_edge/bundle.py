@@ -65,9 +65,11 @@ class GraphSpec:
     hidden_size: int
     cache: CacheSpec
     has_hidden_states: bool = False
-    # False when a pass over S tokens may give different logits than S one-token passes beyond
-    # float rounding (activations quantized per tensor at run time): speculation is then inexact.
+    # Measured at export (export/invariance.py): True when a token's logits are bit-identical in every
+    # pass width from ``min_pass_width`` up and in tree passes, so speculation is exact. The runtime
+    # pads narrower passes to ``min_pass_width`` rows.
     batch_invariant: bool = True
+    min_pass_width: int = 1
     inputs: tuple = ()
     outputs: tuple = ()
 
@@ -279,6 +281,8 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
             "cache_capacity": g.cache.capacity,
             "vocab_size": g.vocab_size,
             "hidden_states": g.has_hidden_states,
+            "batch_invariant": g.batch_invariant,
+            "min_pass_width": g.min_pass_width,
             "validation": m.validation,
         }
 

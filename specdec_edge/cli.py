@@ -252,6 +252,13 @@ def info(bundle, as_json):
             f"    validation vs PyTorch: max rel err {v.get('max_rel_err', float('nan')):.2e} "
             f"(tolerance {v.get('tolerance')}), top-1 agreement {v.get('top1_agreement', 0):.0%}"
         )
+        measured = "batch_invariance" in v  # bundles of earlier versions only assumed it from the dtype
+        if m["batch_invariant"]:
+            width = f"; one-row passes padded to {m['min_pass_width']}" if m["min_pass_width"] > 1 else ""
+            click.echo(f"    batch invariant ({'measured at export' if measured else 'assumed'}{width}): speculation "
+                       "is exact")  # fmt: skip
+        else:
+            click.echo("    NOT batch invariant: speculation needs --allow-inexact and may change the output")
     for method, h in summary["heads"].items():
         tree = ", ".join(f"{k} {v}" for k, v in h["tree"].items()) or "proposer defaults"
         tokens = f"{h['training_tokens']:,}" if isinstance(h["training_tokens"], int) else "?"

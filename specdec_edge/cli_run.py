@@ -60,7 +60,8 @@ def generation_options(f):
         click.option(
             "--allow-inexact",
             is_flag=True,
-            help="Allow speculation on int8/int4 bundles, where batched verification can change the output.",
+            help="Allow speculation on a bundle that failed the export-time batch-invariance check (int8/int4 "
+            "bundles of earlier versions), where batched verification can change the output.",
         ),
         click.option(
             "-o",

@@ -56,9 +56,10 @@ class Pipeline:
         graph = target.graph
         if spec.speculative and not graph.batch_invariant and not allow_inexact:
             raise SpecdecError(
-                f"this bundle's {graph.dtype} target quantizes activations per pass, so verifying several tokens "
-                "at once can change its output: speculative decoding would not be exact. Use an fp32/fp16 "
-                "bundle, method 'plain', or allow_inexact=True (--allow-inexact) to accept the difference."
+                f"this bundle's {graph.dtype} target failed the batch-invariance check at export: verifying several "
+                "tokens in one pass can change its output, so speculative decoding would not be exact. Re-export "
+                "it with this version of specdec-edge (int8/int4 bundles are now built batch invariant), use "
+                "method 'plain', or allow_inexact=True (--allow-inexact) to accept the difference."
             )
         self.allow_inexact = allow_inexact
         self.tokenizer = tokenizer
@@ -104,8 +105,9 @@ class Pipeline:
         each session a pool that sleeps between ops, leaving the CPU idle (``runtime/threads.py``).
         ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or
         "trt" (TensorRT engines from `specdec-edge build-engines`); see ``runtime/factory.py``.
-        ``allow_inexact``: permit speculation on int8/int4 bundles, whose batched verification
-        can change the output (see GraphSpec.batch_invariant).
+        ``allow_inexact``: permit speculation on a bundle that failed the export-time batch-invariance
+        check (bundles of older versions with int8/int4 weights), whose batched verification can change
+        the output (see GraphSpec.batch_invariant).
         ``pad_to``: GPU providers pad every narrower pass to this many rows so that speculative and
         plain decoding round alike (default 32; 0 turns it off; see ``runtime/ort_gpu_engine.py``).
         """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from specdec_edge import __version__
@@ -146,8 +146,8 @@ def check_same_vocab(target, draft) -> None:
 
 
 def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hidden_states, prog) -> dict:
-    from specdec_edge.export.graph import build_decoder
-    from specdec_edge.export.quantize import quantize, save
+    from specdec_edge.export.graph import build_decoder, save
+    from specdec_edge.export.invariance import check_batch_invariance
     from specdec_edge.export.validate import validate_graph
 
     cfg = loaded.decoder
@@ -155,26 +155,9 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
     folder.mkdir()
     path = folder / "model.onnx"
     with prog.stage(f"[{role}] build {flavour} graph ({cfg.num_layers} layers, {dtype})"):
-        graph = build_decoder(
-            cfg,
-            flavour=flavour,
-            dtype="fp16" if dtype == "fp16" else "fp32",
-            capacity=capacity,
-            hidden_states=hidden_states,
-        )
-        if dtype in ("int8", "int4"):
-            fp32 = root / f".{role}-fp32"
-            fp32.mkdir()
-            save(graph, fp32 / "model.onnx")
-        else:
-            save(graph, path)
+        graph = build_decoder(cfg, flavour=flavour, dtype=dtype, capacity=capacity, hidden_states=hidden_states)
+        save(graph, path)
         del graph
-    if dtype in ("int8", "int4"):
-        with prog.stage(f"[{role}] quantize to {dtype}"):
-            quantize(fp32 / "model.onnx", path, dtype)
-            for p in fp32.iterdir():
-                p.unlink()
-            fp32.rmdir()
     if flavour == "portable":
         with prog.stage(f"[{role}] onnx.checker full check"):
             import onnx
@@ -192,12 +175,14 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
         hidden_size=cfg.hidden_size,
         cache=CacheSpec(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, cache_dtype),
         has_hidden_states=hidden_states,
-        batch_invariant=dtype in ("fp32", "fp16"),  # int8/int4 quantize activations per pass
         inputs=contract_inputs(cfg, capacity, cache_dtype),
         outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states),
     )
+    with prog.stage(f"[{role}] batch invariance (widths 1-8, tree; bit for bit)"):
+        invariance = check_batch_invariance(path, spec)
+    spec = replace(spec, batch_invariant=invariance["batch_invariant"], min_pass_width=invariance["min_pass_width"])
     with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
-        report = validate_graph(path, spec, loaded.model)
+        report = {**validate_graph(path, spec, loaded.model), "batch_invariance": invariance}
     config = loaded.model.config
     return {
         "role": role,

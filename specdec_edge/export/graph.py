@@ -22,10 +22,19 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec_edge.export.arch import ArchSpec
+from specdec_edge.export.quant_weights import (
+    BlockQuantized,
+    ChannelQuantized,
+    quantize_blocks,
+    quantize_channels,
+)
 
 OPSET = 17
 IR_VERSION = 10  # ONNX Runtime 1.32 reads IR <= 13; onnx 1.23 would write 14.
 NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+# MatMulNBits compute: 4 = int8 activations (quantized per block of each row, like llama.cpp's Q8 dot
+# products); 0/1 = fp32 activations, ~3x slower on this CPU (docs/PERFORMANCE.md).
+ACCURACY_LEVEL = 4
 
 
 @dataclass
@@ -46,6 +55,8 @@ class DecoderConfig:
     rope: dict  # layer type -> (cos, sin) float32 [capacity, head_dim // 2]
     final_logit_softcap: float | None = None
     weights: dict = field(default_factory=dict)  # HF state-dict names -> float32 numpy
+    # HF weight names -> quantized forms to use as they are (e.g. a GGUF's own blocks); others follow ``dtype``
+    quantized: dict = field(default_factory=dict)
 
 
 class Builder:
@@ -86,19 +97,22 @@ class Builder:
 def build_decoder(
     cfg: DecoderConfig, *, flavour: str, dtype: str, capacity: int, hidden_states: bool
 ) -> onnx.ModelProto:
-    """Build the decoder graph; ``dtype`` is "fp32" or "fp16" (int8/int4 quantize an fp32 graph later)."""
+    """Build the decoder graph.
+
+    ``dtype``: "fp32" or "fp16" weights everywhere; "int8": linear layers as int8 per channel, each
+    activation row quantized with its own scale (``MatMulInteger``); "int4": linear layers as 4-bit
+    blocks (``MatMulNBits``). Weights in ``cfg.quantized`` are used as they are, whatever ``dtype``.
+    Norms, the embedding table and the cache stay fp32 (fp16 for "fp16").
+    """
     if flavour not in ("ort", "portable"):
         raise ValueError(f"unknown flavour {flavour}")
     wdt = np.dtype(np.float16 if dtype == "fp16" else np.float32)
     elem = NP_TO_ONNX[wdt]
     b = Builder()
-    w = cfg.weights
+    w = dict(cfg.weights)  # local: the tied LM head is added below
+    qmap = dict(cfg.quantized)
     H, nh, kvh, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     arch = cfg.arch
-
-    def weight(name, transpose=False):
-        arr = w[name].T if transpose else w[name]
-        return b.init(name + (".T" if transpose else ""), arr.astype(wdt))
 
     def norm_weight(name):
         return b.init(name, (w[name] + arch.norm_offset).astype(wdt))
@@ -116,11 +130,88 @@ def build_decoder(
             y = b.op("Cast", y, to=elem)
         return b.op("Mul", y, norm_weight(wname))
 
-    def linear(x, prefix):
-        y = b.op("MatMul", x, weight(prefix + ".weight", transpose=True))
-        if prefix + ".bias" in w:
-            y = b.op("Add", y, b.init(prefix + ".bias", w[prefix + ".bias"].astype(wdt)))
+    def quantized(name):
+        """The quantized form of weight ``name`` [N, K], or None to keep it float."""
+        if name in qmap:
+            return qmap[name]
+        if dtype == "int4":
+            return quantize_blocks(w[name])
+        if dtype == "int8":
+            return quantize_channels(w[name])
+        return None
+
+    row_scales = {}  # activation -> (int8 rows as uint8 around 128, their scales [B, S, 1]): one per input
+
+    def quantize_rows(x):  # x [B, S, K] fp32, each row by its own absmax: a row's integers ignore other rows
+        if x not in row_scales:
+            scale = b.op("Div", b.op("ReduceMax", b.op("Abs", x), axes=[-1], keepdims=1), b.const(127.0, np.float32))
+            scale = b.op("Max", scale, b.const(np.finfo(np.float32).tiny, np.float32))
+            q = b.op("Add", b.op("Round", b.op("Div", x, scale)), b.const(128.0, np.float32))
+            row_scales[x] = (b.op("Cast", q, to=TensorProto.UINT8), scale)
+        return row_scales[x]
+
+    def quantized_matmul(x, name, q):
+        """x [B, S, K] @ q.T -> [B, S, N] for one quantized weight ``q`` (initializers named after ``name``)."""
+        n, k = q.q.shape
+        if isinstance(q, ChannelQuantized):
+            # uint8 x uint8 around 128: exact int32 sums on every x86 CPU (uint8 x int8 saturates 16-bit pair
+            # sums on AVX2 without VNNI: measured, docs/PERFORMANCE.md).
+            xq, xscale = quantize_rows(x)
+            wq = (q.q.T.astype(np.int16) + 128).astype(np.uint8)  # [K, N]
+            zero = b.const(128, np.uint8)
+            acc = b.op("MatMulInteger", xq, b.init(name + ".q.T", np.ascontiguousarray(wq)), zero, zero)
+            y = b.op("Mul", b.op("Cast", acc, to=TensorProto.FLOAT), xscale)  # exact int32 sums, then row scale
+            return b.op("Mul", y, b.init(name + ".scales", q.scales))
+        data, scales, zero = q.packed()
+        y = b.op(
+            "MatMulNBits",
+            x,
+            b.init(name + ".q", data),
+            b.init(name + ".scales", scales),
+            b.init(name + ".zero_points", zero),
+            domain="com.microsoft",
+            K=k,
+            N=n,
+            bits=q.bits,
+            block_size=q.block,
+            accuracy_level=ACCURACY_LEVEL,
+        )
+        if q.mins is not None:  # + sum over each block of x times the block's minimum: [B, S, K/block] @ [K/block, N]
+            blocks = b.op("Reshape", x, b.const([0, 0, k // q.block, q.block]))
+            sums = b.op("ReduceSum", blocks, b.const([-1]), keepdims=0)
+            y = b.op("Add", y, b.op("MatMul", sums, b.init(name + ".mins.T", np.ascontiguousarray(q.mins.T))))
         return y
+
+    def project(x, prefixes, fused=None):
+        """x @ the weights of ``prefixes`` stacked along N, as one MatMul where they quantize alike (``fused``
+        names the stacked weight), plus their biases."""
+        names = [p + ".weight" for p in prefixes]
+        forms = [quantized(n) for n in names]
+        name = fused or names[0]
+        if all(f is None for f in forms):
+            stacked = np.concatenate([w[n] for n in names], 0).T.astype(wdt)
+            y = b.op("MatMul", x, b.init(name + ".T", stacked))
+        elif (
+            all(isinstance(f, BlockQuantized) for f in forms)
+            and len({(f.bits, f.block, f.mins is None) for f in forms}) == 1
+        ):
+            y = quantized_matmul(x, name, BlockQuantized.concat(forms))
+        elif all(isinstance(f, ChannelQuantized) for f in forms):
+            joined = ChannelQuantized(np.concatenate([f.q for f in forms]), np.concatenate([f.scales for f in forms]))
+            y = quantized_matmul(x, name, joined)
+        else:  # quantized differently (e.g. a GGUF's Q4_K beside Q6_K): one MatMul each, then concatenated
+            parts = [
+                quantized_matmul(x, n, f) if f is not None else b.op("MatMul", x, b.init(n + ".T", w[n].T.astype(wdt)))
+                for n, f in zip(names, forms)
+            ]
+            y = b.op("Concat", *parts, axis=-1)
+        if prefixes[0] + ".bias" in w:
+            bias = np.concatenate([w[p + ".bias"] for p in prefixes]).astype(wdt)
+            y = b.op("Add", y, b.init((fused or prefixes[0]).removesuffix(".weight") + ".bias", bias))
+        return y
+
+    def linear(x, prefix):
+        return project(x, [prefix])
 
     def activation(x):
         if arch.activation == "silu":
@@ -197,12 +288,7 @@ def build_decoder(
         pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
         if flavour == "ort" and not arch.qk_norm:
             # One packed QKV MatMul; GroupQueryAttention unpacks it.
-            names = [p + ".q_proj", p + ".k_proj", p + ".v_proj"]
-            wqkv = np.concatenate([w[n + ".weight"] for n in names], 0).T.astype(wdt)
-            q = b.op("MatMul", x, b.init(p + ".qkv_proj.weight.T", wqkv))
-            if names[0] + ".bias" in w:
-                bqkv = np.concatenate([w[n + ".bias"] for n in names]).astype(wdt)
-                q = b.op("Add", q, b.init(p + ".qkv_proj.bias", bqkv))
+            q = project(x, [p + ".q_proj", p + ".k_proj", p + ".v_proj"], p + ".qkv_proj.weight")
             k = v = ""
         else:
             q, k, v = (linear(x, f"{p}.{n}_proj") for n in "qkv")
@@ -261,21 +347,15 @@ def build_decoder(
             ctx = b.op("MatMul", b.op("Reshape", probs, grouped), vals)  # [B, kvh, g*S, hd]
             ctx = b.op("Reshape", ctx, b.const([0, nh, -1, hd]))  # [B, nh, S, hd]
             attn = b.op("Reshape", b.op("Transpose", ctx, perm=[0, 2, 1, 3]), b.const([0, 0, nh * hd]))
-        return b.op("MatMul", attn, weight(p + ".o_proj.weight", transpose=True))
+        return linear(attn, p + ".o_proj")
 
     def mlp(i, x):
         p = f"model.layers.{i}.mlp"
         # One MatMul for gate and up (half the kernel launches), split after.
-        wgu = np.concatenate([w[p + ".gate_proj.weight"], w[p + ".up_proj.weight"]], 0).T.astype(wdt)
-        inter = wgu.shape[1] // 2
-        gate, up = b.op(
-            "Split",
-            b.op("MatMul", x, b.init(p + ".gate_up_proj.weight.T", wgu)),
-            b.const([inter, inter]),
-            axis=-1,
-            outputs=2,
-        )
-        return b.op("MatMul", b.op("Mul", activation(gate), up), weight(p + ".down_proj.weight", transpose=True))
+        inter = w[p + ".gate_proj.weight"].shape[0]
+        gate_up = project(x, [p + ".gate_proj", p + ".up_proj"], p + ".gate_up_proj.weight")
+        gate, up = b.op("Split", gate_up, b.const([inter, inter]), axis=-1, outputs=2)
+        return linear(b.op("Mul", activation(gate), up), p + ".down_proj")
 
     def add_norm(x, h, wname):
         """(x + h, rms_norm(x + h)): one fused SkipSimplifiedLayerNormalization on the ort flavour."""
@@ -312,9 +392,12 @@ def build_decoder(
         nxt = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < cfg.num_layers else "model.norm.weight"
         x, normed = add_norm(x, h, nxt)  # the residual stream, and the next layer's (or the final) norm of it
     x = normed
-    head = w.get("lm_head.weight", embed)
+    if "lm_head.weight" not in w:  # tied to the embedding (stored twice: the Gather and the MatMul take it apart)
+        w["lm_head.weight"] = embed
+        if "model.embed_tokens.weight" in qmap:
+            qmap.setdefault("lm_head.weight", qmap["model.embed_tokens.weight"])
     last = b.op("Slice", x, b.op("Neg", "logits_to_keep"), b.const([np.iinfo(np.int64).max]), b.const([1]))
-    logits = b.op("MatMul", last, b.init("lm_head.weight.T", head.T.astype(wdt)))
+    logits = linear(last, "lm_head")
     if cfg.final_logit_softcap:
         cap = b.const(cfg.final_logit_softcap, wdt)
         logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap)
@@ -337,3 +420,18 @@ def build_decoder(
     model = helper.make_model(graph, opset_imports=opsets, producer_name="specdec-edge")
     model.ir_version = IR_VERSION
     return model
+
+
+def save(model: onnx.ModelProto, path) -> None:
+    """Save with all weights in one external file ``<name>.data`` beside the graph."""
+    from pathlib import Path
+
+    model.ir_version = min(model.ir_version, IR_VERSION)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=Path(path).name + ".data",
+        size_threshold=1024,
+    )

@@ -31,8 +31,7 @@ def _write_graph(graph: nn.Module, recipe: HeadRecipe, example: tuple, path: Pat
     """Trace ``graph`` on ``example`` into an ONNX file at ``path`` (opset 17, the bundle's IR version)."""
     import onnx
 
-    from specdec_edge.export.graph import IR_VERSION
-    from specdec_edge.export.quantize import save
+    from specdec_edge.export.graph import IR_VERSION, save
 
     tmp = path.with_suffix(".tmp.onnx")
     with torch.no_grad(), warnings.catch_warnings():

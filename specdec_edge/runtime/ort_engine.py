@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
-from specdec_edge.runtime.base import Engine, StepOutput
+from specdec_edge.runtime.base import Engine, StepOutput, pad_step
 from specdec_edge.runtime.sessions import bind_host_outputs, create_session
 from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 
@@ -40,7 +40,10 @@ class OrtEngine(Engine):
         self.graph = graph
         self.session = create_session(model_path, cpu_session_options(CpuThreads(threads, spinning)), provider)
         spec = graph.cache
-        self.capacity = min(capacity or spec.capacity, spec.capacity)
+        # Passes narrower than this are padded (export/invariance.py measured the graph); the slots the
+        # padding writes past the last real token are kept free.
+        self.min_width = max(1, graph.min_pass_width)
+        self.capacity = min(capacity or spec.capacity, spec.capacity - (self.min_width - 1))
         dtype = np.float16 if spec.dtype == "float16" else np.float32
         # (layers, K/V, batch, kv_heads, capacity, head_dim); the graph's buffers keep the exported capacity.
         self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, spec.capacity, spec.head_dim), dtype)
@@ -64,17 +67,21 @@ class OrtEngine(Engine):
     ) -> StepOutput:
         """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1.
 
-        Logits come back for the last ``logits_to_keep`` new tokens (default: all S).
+        Logits come back for the last ``logits_to_keep`` new tokens (default: all S). A pass narrower
+        than ``min_width`` runs padded to it (``runtime.base.pad_step``), so every token goes through
+        the same kernels whether it is decoded alone or verified among draft tokens.
         """
         step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
         seq, keep = step.ids.shape[1], step.keep
+        if seq < self.min_width:
+            step = pad_step(step, self.min_width, self.length)
         self.binding.bind_cpu_input("input_ids", step.ids)
         self.binding.bind_cpu_input("position_ids", step.positions)
         self.binding.bind_cpu_input("attention_bias", step.bias)
-        self.binding.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
-        logits, hidden = bind_host_outputs(self.binding, self._out_buffers, self.graph, seq, keep)
+        self.binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
+        logits, hidden = bind_host_outputs(self.binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep)
         self.session.run_with_iobinding(self.binding)
-        return StepOutput(logits[0], None if hidden is None else hidden[0])
+        return StepOutput(logits[0, :keep], None if hidden is None else hidden[0, :seq])
 
     def _compact(self, path: np.ndarray) -> None:
         start, n = self.length, len(path)

@@ -1,0 +1,70 @@
+"""Batch invariance is measured at export, recorded in the manifest and honoured by the runtime."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+
+from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.bundle import read_manifest
+from specdec_edge.export.invariance import check_batch_invariance
+from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.speculative.loop import prefill
+
+
+def test_fp32_bundle_is_measured_invariant_from_two_rows(tiny_bundle):
+    graph = read_manifest(tiny_bundle).target.graph
+    verdict = read_manifest(tiny_bundle).target.validation["batch_invariance"]
+    assert graph.batch_invariant and verdict["multi_row_matches"] and verdict["rows_compared"] >= 20
+    # A single row goes through other kernels than two or more (last-bit differences), so passes are padded.
+    assert (graph.min_pass_width, verdict["single_row_matches"]) == (2, False)
+    assert 0 < verdict["single_row_max_abs_diff"] < 1e-4
+
+
+def test_the_runtime_pads_single_rows_to_the_measured_width(tiny_bundle):
+    graph = read_manifest(tiny_bundle).target.graph
+    padded = OrtEngine(tiny_bundle / graph.path, graph, threads=1)
+    raw = OrtEngine(tiny_bundle / graph.path, replace(graph, min_pass_width=1), threads=1)
+    assert padded.capacity == raw.capacity - 1  # a free slot for the padding row at the end of the cache
+    context = [5, 9, 17, 33, 2, 8]
+    for engine in (padded, raw):
+        prefill(engine, context)
+    alone = padded.run([41]).logits.copy()
+    assert alone.shape == (1, graph.vocab_size)
+    chain = raw.run([41, 7, 7]).logits.copy()
+    np.testing.assert_array_equal(alone[0], chain[0])  # bit for bit: what makes speculation exact
+    assert not np.array_equal(raw.run([41]).logits[0], chain[0])  # and what the padding fixes
+
+
+def test_per_tensor_activation_quantization_is_caught(tiny_bundle, tmp_path):
+    """ONNX Runtime's dynamic quantization scales activations per tensor: every row depends on the others."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = read_manifest(tiny_bundle).target.graph
+    src = tmp_path / "fp32"
+    shutil.copytree(tiny_bundle / "target", src)
+    quantize_dynamic(
+        str(src / "model.onnx"),
+        str(tmp_path / "dyn.onnx"),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    verdict = check_batch_invariance(tmp_path / "dyn.onnx", graph)
+    assert not verdict["batch_invariant"] and not verdict["multi_row_matches"]
+
+
+def test_a_bundle_that_failed_the_check_refuses_speculation(tiny_bundle):
+    plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    failed = replace(plain.target.graph, batch_invariant=False)
+    plain.target.graph = failed
+    try:
+        with pytest.raises(SpecdecError, match="failed the batch-invariance check.*Re-export.*allow_inexact"):
+            plain.with_method("pld")
+        assert plain.with_method("pld", allow_inexact=True).generate("the quick", max_new_tokens=4).token_ids
+    finally:
+        plain.target.graph = replace(failed, batch_invariant=True)
