@@ -22,8 +22,9 @@ Q6_K     d*sc * (q - 32) per 16, q 6-bit, sc int8    8, 16, zero 32 (widened)
 =======  ==========================================  ==============================================
 
 5- and 6-bit values are widened to 8 bits because ``MatMulNBits`` holds 4- or 8-bit values: still
-exact, but such a tensor takes about 8.5 to 10 bits per weight instead of 5.5 to 6.6. Non-uniform
-or ternary types (IQ*, TQ*, MXFP4, ...) have no such form and raise ``ExportError``; float weights
+exact, but such a tensor takes 9.25 to 10.5 bits per weight as MatMulNBits inputs (fp32 scales)
+instead of GGUF's 5.5 to 6.6 (Q4_1: 6.1 instead of 5). Non-uniform or ternary types (IQ*, TQ*,
+MXFP4, ...) have no such form and raise ``ExportError``; float weights
 (F32, F16, BF16) are not block-quantized and are left out (the graph keeps them in fp32).
 
 llama.cpp stores llama's Q and K projections with their rows permuted for its rotary layout;
