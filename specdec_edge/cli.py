@@ -51,10 +51,11 @@ def main():
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+    type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]),
     default="fp32",
     show_default=True,
-    help="Weight precision; int8/int4 are CPU quantizations of the ort flavour.",
+    help="Weight precision. int8/int4: CPU quantizations of the ort flavour; gguf: keep a .gguf target's own "
+    "quantized blocks (Q4_0/Q4_1/Q5_x/Q8_0/K-quants) as they are. All are checked batch invariant at export.",
 )
 @click.option(
     "--capacity", type=int, default=2048, show_default=True, help="KV cache capacity in tokens (prompt + output)."
@@ -88,6 +89,7 @@ def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, h
     Examples:
       specdec-edge export --target HuggingFaceTB/SmolLM2-135M-Instruct --out bundles/smollm2
       specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --dtype int8 --out bundles/s8
+      specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --dtype gguf --out bundles/sq
       specdec-edge export --target ./big-model --draft ./small-model --out bundles/pair
       specdec-edge export --target ./model --flavour portable --dtype fp16 --out bundles/trt
       specdec-edge export --target ./model --heads heads/eagle --heads heads/medusa --out bundles/heads

@@ -17,7 +17,8 @@ from specdec_edge import __version__
 from specdec_edge.bundle import SCHEMA_VERSION, CacheSpec, GraphSpec, StagingDir, prepare_out_dir
 from specdec_edge.errors import ExportError
 
-DTYPES = ("fp32", "fp16", "int8", "int4")
+# "gguf": a GGUF's own quantized blocks, kept as they are (export/gguf_blocks.py), the rest fp32.
+DTYPES = ("fp32", "fp16", "int8", "int4", "gguf")
 FLAVOURS = ("ort", "portable")
 
 
@@ -71,7 +72,7 @@ def export_bundle(
         raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
     if flavour not in FLAVOURS:
         raise ExportError(f"unknown --flavour {flavour!r}; choose one of {', '.join(FLAVOURS)}.")
-    if flavour == "portable" and dtype in ("int8", "int4"):
+    if flavour == "portable" and dtype in ("int8", "int4", "gguf"):
         raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
     if capacity < 16:
         raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
@@ -81,15 +82,24 @@ def export_bundle(
     for source in filter(None, (target, draft)):
         resolve_source(source)
     prepare_out_dir(Path(out), force)
+    if dtype == "gguf" and not all(str(s).endswith(".gguf") for s in filter(None, (target, draft))):
+        raise ExportError(
+            "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."
+        )
     hidden_states = hidden_states or bool(heads)
 
     prog = Progress(progress)
     with prog.stage(f"[target] load {target}"):
         tgt = load_model(target, revision, capacity)
+    if dtype == "gguf":
+        with prog.stage("[target] read the GGUF's quantized blocks"):
+            keep_gguf_blocks(tgt, target)
     drf = None
     if draft is not None:
         with prog.stage(f"[draft] load {draft}"):
             drf = load_model(draft, None, capacity)
+        if dtype == "gguf":
+            keep_gguf_blocks(drf, draft)
         check_same_vocab(tgt, drf)
 
     with StagingDir(Path(out), force) as staging:
@@ -131,6 +141,14 @@ def export_bundle(
         with prog.stage("[bundle] write manifest"):
             path = staging.commit(manifest)
     return path
+
+
+def keep_gguf_blocks(loaded, source: str) -> None:
+    """Give the graph builder the GGUF's own blocks for every quantized linear weight (exact: the same
+    values transformers dequantized), instead of a round through fp32 and a second quantizer."""
+    from specdec_edge.export.gguf_blocks import gguf_linear_weights
+
+    loaded.decoder.quantized = gguf_linear_weights(source)
 
 
 def check_same_vocab(target, draft) -> None:

@@ -207,7 +207,8 @@ def blocks_from_raw(raw: np.ndarray, qtype: GGMLQuantizationType | str, name: st
     if qtype not in _DECODERS:
         raise ExportError(
             f"GGUF tensor {name} is {qtype.name}, which cannot be kept as block-quantized weights; "
-            f"supported types: {', '.join(supported_types())}. Export this GGUF without keeping its blocks instead."
+            f"supported types: {', '.join(supported_types())}. "
+            "Export this GGUF with --dtype int4, int8 or fp32 instead of --dtype gguf."
         )
     type_size = GGML_QUANT_SIZES[qtype][1]
     if raw.ndim != 2 or raw.dtype != np.uint8 or raw.shape[1] % type_size:

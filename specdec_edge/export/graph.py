@@ -140,14 +140,16 @@ def build_decoder(
             return quantize_channels(w[name])
         return None
 
-    row_scales = {}  # activation -> (int8 rows as uint8 around 128, their scales [B, S, 1]): one per input
+    row_scales = {}  # activation -> (its rows as uint8 around 128, their scales [B, S, 1]): once per input
 
     def quantize_rows(x):  # x [B, S, K] fp32, each row by its own absmax: a row's integers ignore other rows
         if x not in row_scales:
-            scale = b.op("Div", b.op("ReduceMax", b.op("Abs", x), axes=[-1], keepdims=1), b.const(127.0, np.float32))
-            scale = b.op("Max", scale, b.const(np.finfo(np.float32).tiny, np.float32))
-            q = b.op("Add", b.op("Round", b.op("Div", x, scale)), b.const(128.0, np.float32))
-            row_scales[x] = (b.op("Cast", q, to=TensorProto.UINT8), scale)
+            absmax = b.op("ReduceMax", b.op("Abs", x), axes=[-1], keepdims=0)  # [B, S]
+            scale = b.op("Max", b.op("Mul", absmax, b.const(1 / 127, np.float32)), b.const(1e-30, np.float32))
+            rows = b.op("Reshape", scale, b.const([-1]))  # [B*S]: one scale per row (batch 1)
+            zero = b.op("Expand", b.const(128, np.uint8), b.op("Shape", rows))
+            xq = b.op("QuantizeLinear", x, rows, zero, axis=1)  # round(x / scale) + 128, per row
+            row_scales[x] = (xq, b.op("Unsqueeze", scale, b.const([-1])))
         return row_scales[x]
 
     def quantized_matmul(x, name, q):
@@ -160,8 +162,9 @@ def build_decoder(
             wq = (q.q.T.astype(np.int16) + 128).astype(np.uint8)  # [K, N]
             zero = b.const(128, np.uint8)
             acc = b.op("MatMulInteger", xq, b.init(name + ".q.T", np.ascontiguousarray(wq)), zero, zero)
-            y = b.op("Mul", b.op("Cast", acc, to=TensorProto.FLOAT), xscale)  # exact int32 sums, then row scale
-            return b.op("Mul", y, b.init(name + ".scales", q.scales))
+            # exact int32 sums x column scales (one op), then row scales
+            y = b.op("DequantizeLinear", acc, b.init(name + ".scales", q.scales), axis=-1)
+            return b.op("Mul", y, xscale)
         data, scales, zero = q.packed()
         y = b.op(
             "MatMulNBits",
@@ -392,7 +395,8 @@ def build_decoder(
         nxt = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < cfg.num_layers else "model.norm.weight"
         x, normed = add_norm(x, h, nxt)  # the residual stream, and the next layer's (or the final) norm of it
     x = normed
-    if "lm_head.weight" not in w:  # tied to the embedding (stored twice: the Gather and the MatMul take it apart)
+    tied = "lm_head.weight" not in w or np.array_equal(w["lm_head.weight"], embed)
+    if tied:  # the embedding is the LM head too (stored twice: the Gather and the MatMul take it apart)
         w["lm_head.weight"] = embed
         if "model.embed_tokens.weight" in qmap:
             qmap.setdefault("lm_head.weight", qmap["model.embed_tokens.weight"])

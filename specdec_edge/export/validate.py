@@ -16,7 +16,7 @@ from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.speculative.tree import path_to, tree_inputs
 
 # Max |onnx - torch| relative to max |torch logit|, per weight precision.
-TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2, "int8": 0.35, "int4": 0.5}
+TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2, "int8": 0.35, "int4": 0.5, "gguf": 0.35}
 TREE_PARENTS = [-1, -1, 0, 0, 1, 2, 4]  # two roots, depth up to 3
 
 
