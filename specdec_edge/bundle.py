@@ -70,6 +70,9 @@ class GraphSpec:
     # pads narrower passes to ``min_pass_width`` rows.
     batch_invariant: bool = True
     min_pass_width: int = 1
+    # Tree rows bit-identical to their branches run as chains. When False, a float graph differs by rounding
+    # only (near-ties are logged); a quantized graph verifies only chain-shaped proposals exactly.
+    tree_invariant: bool = True
     inputs: tuple = ()
     outputs: tuple = ()
 
@@ -283,6 +286,7 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
             "hidden_states": g.has_hidden_states,
             "batch_invariant": g.batch_invariant,
             "min_pass_width": g.min_pass_width,
+            "tree_invariant": g.tree_invariant,
             "validation": m.validation,
         }
 

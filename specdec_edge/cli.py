@@ -257,8 +257,12 @@ def info(bundle, as_json):
         measured = "batch_invariance" in v  # bundles of earlier versions only assumed it from the dtype
         if m["batch_invariant"]:
             width = f"; one-row passes padded to {m['min_pass_width']}" if m["min_pass_width"] > 1 else ""
-            click.echo(f"    batch invariant ({'measured at export' if measured else 'assumed'}{width}): speculation "
-                       "is exact")  # fmt: skip
+            trees = "" if m["tree_invariant"] else (
+                ", trees to float rounding (near-ties logged)" if m["dtype"] in ("fp32", "fp16")
+                else "; token trees round differently, so tree methods need --allow-inexact (chains stay exact)"
+            )  # fmt: skip
+            click.echo(f"    batch invariant ({'measured at export' if measured else 'assumed'}{width}): chains are "
+                       f"verified bit for bit{trees}")  # fmt: skip
         else:
             click.echo("    NOT batch invariant: speculation needs --allow-inexact and may change the output")
     for method, h in summary["heads"].items():

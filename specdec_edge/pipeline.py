@@ -72,6 +72,14 @@ class Pipeline:
         # The engine the decode loop drives: head methods read the target's features through a tap.
         self.engine = FeatureTap(target) if spec.reads_features else target
         self.proposer = spec.build(Resources(self.engine, draft, self.heads), proposer_options)
+        quantized = graph.dtype not in ("fp32", "fp16")  # float graphs round trees by ~1e-5 only: near-ties logged
+        if self.proposer.branches and not graph.tree_invariant and quantized and not allow_inexact:
+            raise SpecdecError(
+                f"method {method!r} proposes token trees, and this bundle's {graph.dtype} target verifies only "
+                "chain-shaped proposals bit for bit (tree rows round differently; measured at export), so its "
+                "output could differ from plain decoding. Use a chain: method 'pld' or 'draft', or EAGLE/pld-eagle "
+                "with -o topk=1 (the default such bundles record); or allow_inexact=True (--allow-inexact)."
+            )
         self.rule = spec.acceptance(rule_options)
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
         self._lock = lock or threading.Lock()

@@ -68,3 +68,43 @@ def test_a_bundle_that_failed_the_check_refuses_speculation(tiny_bundle):
         assert plain.with_method("pld", allow_inexact=True).generate("the quick", max_new_tokens=4).token_ids
     finally:
         plain.target.graph = replace(failed, batch_invariant=True)
+
+
+def test_tree_rows_are_compared_with_their_branches(tiny_bundle):
+    verdict = read_manifest(tiny_bundle).target.validation["batch_invariance"]
+    # fp32: fused attention rounds a tree row a little differently from the same branch run as a chain.
+    assert "tree_rows_match" in verdict and verdict["tree_max_abs_diff"] < 1e-3
+
+
+def test_quantized_targets_take_chains_and_refuse_branching_trees(tiny_bundle):
+    plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    graph = plain.target.graph
+    plain.target.graph = replace(graph, dtype="int4", tree_invariant=False)
+    try:
+        assert plain.with_method("pld").proposer.branches is False
+        with pytest.raises(SpecdecError, match="proposes token trees.*only chain-shaped proposals.*topk=1"):
+            plain.with_method("lookahead")
+        assert plain.with_method("lookahead", allow_inexact=True).proposer.branches
+    finally:
+        plain.target.graph = graph
+
+
+def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
+    plain = Pipeline.load(heads_bundle, method="plain", threads=1)
+    graph = plain.target.graph
+    plain.target.graph = replace(graph, dtype="gguf", tree_invariant=False)
+    try:
+        with pytest.raises(SpecdecError, match="proposes token trees"):
+            plain.with_method("pld-eagle")  # the bundle's recorded topk 3
+        chain = plain.with_method("pld-eagle", topk=1, nodes=4, depth=4)
+        assert not chain.proposer.branches
+        proposal = chain.proposer.second  # EAGLE proposes one branch: every node's parent is the node before
+        ids = chain.encode("the quick brown fox jumps")
+        from specdec_edge.speculative.loop import prefill as fill
+
+        fill(chain.engine, ids[:-1])
+        proposal.prefill(ids, None, None)
+        tree = proposal.propose(ids, 4)
+        assert tree.parents.tolist() == list(range(-1, len(tree.tokens) - 1))
+    finally:
+        plain.target.graph = graph

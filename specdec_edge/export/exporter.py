@@ -135,8 +135,10 @@ def export_bundle(
 
             with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]
+                target_graph = specs["target"]["graph"]
+                chains = not target_graph["tree_invariant"] and dtype not in ("fp32", "fp16")
                 manifest["heads"] = export_heads(
-                    heads, embed, tgt.decoder.weights.get("lm_head.weight", embed), staging.path, heads_default
+                    heads, embed, tgt.decoder.weights.get("lm_head.weight", embed), staging.path, heads_default, chains
                 )
         with prog.stage("[bundle] write manifest"):
             path = staging.commit(manifest)
@@ -198,7 +200,12 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
     )
     with prog.stage(f"[{role}] batch invariance (widths 1-8, tree; bit for bit)"):
         invariance = check_batch_invariance(path, spec)
-    spec = replace(spec, batch_invariant=invariance["batch_invariant"], min_pass_width=invariance["min_pass_width"])
+    spec = replace(
+        spec,
+        batch_invariant=invariance["batch_invariant"],
+        min_pass_width=invariance["min_pass_width"],
+        tree_invariant=invariance["tree_rows_match"],
+    )
     with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
         report = {**validate_graph(path, spec, loaded.model), "batch_invariance": invariance}
     config = loaded.model.config

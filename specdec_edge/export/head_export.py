@@ -88,11 +88,14 @@ def export_head_graph(head: nn.Module, path: Path) -> dict:
     return report
 
 
-def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path, default: str | None = None) -> dict:
+def export_heads(
+    heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path, default: str | None = None, chains: bool = False
+) -> dict:
     """Build and validate a graph per heads folder under ``root/heads``; the manifest's ``heads`` section.
 
     ``embed`` and ``lm_head``: the target's [V, H] weights. ``default``: the method a pipeline
     uses when none is asked for (the registry's ``default_head_method``: pld-eagle with EAGLE heads).
+    ``chains``: record one-branch tree settings (the target verifies only chains bit for bit).
     """
     section = {}
     (root / "heads").mkdir(exist_ok=True)
@@ -107,7 +110,7 @@ def export_heads(heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path,
             "graph": f"heads/{cfg.method}.onnx",
             "top_k": TOP_K,
             "config": config,
-            "tree": recipe_for(cfg.method).tree,
+            "tree": recipe_for(cfg.method).chain if chains else recipe_for(cfg.method).tree,
             "training": cfg.training,
             "validation": report,
         }

@@ -29,6 +29,8 @@ class HeadRecipe:
     epochs: int  # the shipped heads' recipe (data/heads/README.md)
     # Manifest ``heads.<method>.tree``: the tree settings a pipeline uses unless told otherwise.
     tree: dict
+    # The same for a target whose tree rows are not bit-identical to chains (quantized graphs): one branch.
+    chain: dict
     graph: type[nn.Module]  # graph(head): what is exported to heads/<method>.onnx
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -59,6 +61,7 @@ RECIPES: dict[str, HeadRecipe] = {
         loss=eagle_loss,
         epochs=10,
         tree={"topk": 3, "nodes": 5, "depth": 3},
+        chain={"topk": 1, "nodes": 4, "depth": 4},
         graph=EagleGraph,
         inputs=("features", "input_ids", "position_ids", "past_key", "past_value", "attention_bias", "logit_rows"),
         outputs=("hidden_states", "topk_logprobs", "topk_ids", "key", "value"),
@@ -85,6 +88,7 @@ RECIPES: dict[str, HeadRecipe] = {
         loss=medusa_loss,
         epochs=3,
         tree={"tree": [[0], [1], [0, 0], [0, 0, 0]]},
+        chain={"tree": [[0], [0, 0], [0, 0, 0]]},
         graph=MedusaGraph,
         inputs=("hidden_states",),
         outputs=("topk_logprobs", "topk_ids"),

@@ -38,6 +38,7 @@ class EagleProposer(Proposer):
                 f"got topk={topk}, nodes={nodes}, depth={depth}."
             )
         self.graph, self.tap, self.topk, self.nodes, self.depth = graph, tap, topk, nodes, depth
+        self.branches = topk > 1 and nodes > 1  # topk 1: a chain of the head's best tokens
         c = graph.config
         capacity = tap.capacity + 1 + 64 * topk  # committed slots + the scratch slots of one tree
         self.keys = np.zeros((1, capacity, c["num_kv_heads"], c["head_dim"]), dtype=np.float32)  # BSNH

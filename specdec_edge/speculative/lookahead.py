@@ -23,6 +23,8 @@ from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
 class LookaheadProposer(Proposer):
+    branches = True  # the Jacobi window's columns and the pool's n-grams are sibling branches
+
     def __init__(self, window: int = 4, ngram: int = 3, guesses: int = 4, prompt_ngrams: bool = True, seed: int = 0):
         if window < 1 or ngram < 2 or guesses < 0:
             raise SpecdecError(

@@ -62,6 +62,7 @@ class MedusaProposer(Proposer):
             if len(p) > 1 and p[:-1] not in paths:
                 raise SpecdecError(f"Medusa tree path {p} has no parent path {p[:-1]}; list every prefix.")
         self.paths = paths
+        self.branches = len({p[:-1] for p in paths}) < len(paths)  # some prefix has two children
 
     def propose(self, context, k) -> Proposal:
         if k <= 0 or self.tap.length == 0:

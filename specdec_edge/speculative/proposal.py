@@ -40,6 +40,10 @@ class Proposer(ABC):
     is required; the other steps default to doing nothing.
     """
 
+    # True when proposals can branch (siblings). Quantized targets verify only chain-shaped proposals bit for
+    # bit (``GraphSpec.tree_invariant``); ``Pipeline`` checks this.
+    branches: bool = False
+
     def prefill(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         """Start a generation after ``prompt`` (its last token is pending).
 

@@ -84,6 +84,7 @@ class FirstOfProposer(Proposer):
 
     def __init__(self, first: Proposer, second: Proposer):
         self.first, self.second = first, second
+        self.branches = first.branches or second.branches
         self.steps_proposed = {"first": 0, "second": 0}  # steps whose proposal each one made (for reports)
 
     def prefill(self, prompt, params, rng) -> None:
