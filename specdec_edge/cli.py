@@ -80,16 +80,24 @@ def main():
     help="Method the bundle runs when none is asked for. Default: pld-eagle with EAGLE heads (prompt lookup "
     "where text repeats, else EAGLE: the fastest measured on a CPU), else medusa.",
 )
+@click.option(
+    "--default-method",
+    type=click.Choice([m.name for m in METHODS.values() if not m.lossy]),
+    default=None,
+    help="Method the bundle runs when none is asked for (overrides --heads-default), e.g. pld for a GGUF bundle.",
+)
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
-def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, heads_default, revision, force):
+def export(
+    target, draft, out, flavour, dtype, capacity, hidden_states, heads, heads_default, default_method, revision, force
+):
     """Export a target (and draft) model to a validated bundle of ONNX graphs.
 
     \b
     Examples:
       specdec-edge export --target HuggingFaceTB/SmolLM2-135M-Instruct --out bundles/smollm2
       specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --dtype int8 --out bundles/s8
-      specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --dtype gguf --out bundles/sq
+      specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --dtype gguf --default-method pld --out bundles/sq
       specdec-edge export --target ./big-model --draft ./small-model --out bundles/pair
       specdec-edge export --target ./model --flavour portable --dtype fp16 --out bundles/trt
       specdec-edge export --target ./model --heads heads/eagle --heads heads/medusa --out bundles/heads
@@ -106,6 +114,7 @@ def export(target, draft, out, flavour, dtype, capacity, hidden_states, heads, h
         hidden_states=hidden_states,
         heads=heads,
         heads_default=heads_default,
+        default_method=default_method,
         force=force,
         revision=revision,
     )
@@ -367,10 +376,11 @@ def build_engines(bundle, backends, max_verify, hardware_compatible):
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option(
     "--dtype",
-    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
-    default="fp32",
+    type=click.Choice(["gguf", "fp32", "fp16", "int8", "int4"]),
+    default="gguf",
     show_default=True,
-    help="Precision of the default bundle.",
+    help="Precision of the default bundle. gguf: the package's own Q4_1 weights kept as they are (the fastest "
+    "exact configuration measured, runs pld); fp32: dequantized, with the shipped EAGLE head (runs pld-eagle).",
 )
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
 def demo(prompt, method, k, max_new_tokens, dtype, threads):

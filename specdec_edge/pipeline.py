@@ -122,7 +122,7 @@ class Pipeline:
         root = Path(bundle)
         manifest = read_manifest(root)
         heads = manifest.heads or {}
-        method = method or default_method(manifest.draft is not None, heads)
+        method = method or default_method(manifest.draft is not None, heads, manifest.default_method)
         problem = get_method(method).missing(
             manifest.draft is not None, [h for h in heads if h in HEAD_METHODS], f"bundle {root}"
         )

@@ -209,3 +209,13 @@ def test_info_json(tiny_bundle):
     assert summary["target"]["layers"] == 2 and summary["draft"]["layers"] == 1
     code, out = run_cli("info", tiny_bundle)
     assert code == 0 and "validation vs PyTorch" in out
+
+
+def test_default_method_is_recorded_and_checked(tiny_llama_dir, tmp_path):
+    from specdec_edge import Pipeline
+    from specdec_edge.errors import ExportError
+
+    out = export_bundle(str(tiny_llama_dir), tmp_path / "d", default_method="pld", capacity=64, progress=False)
+    assert read_manifest(out).default_method == "pld" and Pipeline.load(out, threads=1).method == "pld"
+    with pytest.raises(ExportError, match="--default-method 'eagle' cannot run on this bundle; choose one of plain"):
+        export_bundle(str(tiny_llama_dir), tmp_path / "e", default_method="eagle", capacity=64, progress=False)

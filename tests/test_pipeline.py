@@ -23,7 +23,7 @@ def plain(tiny_bundle):
 
 
 def test_load_defaults_and_errors(pipe, tiny_bundle, tmp_path):
-    assert pipe.method == "draft" and pipe.k == 4 and pipe.capacity == 256
+    assert pipe.method == "draft" and pipe.k == 4 and pipe.capacity == 255  # 256 minus the padding slot
     with pytest.raises(SpecdecError, match="unknown method"):
         Pipeline.load(tiny_bundle, method="jacobi")
     with pytest.raises(SpecdecError, match="speculation length"):
@@ -73,7 +73,7 @@ def test_stop_filter_holds_back_prefixes():
 
 
 def test_too_long_prompt_is_a_clear_error(pipe):
-    with pytest.raises(SpecdecError, match=r"exceeds the KV cache capacity of 256 tokens.*--capacity"):
+    with pytest.raises(SpecdecError, match=r"exceeds the KV cache capacity of 255 tokens.*--capacity"):
         pipe.generate("fox " * 300, max_new_tokens=10)
     with pytest.raises(SpecdecError, match="max_new_tokens"):
         pipe.generate("fox", max_new_tokens=0)

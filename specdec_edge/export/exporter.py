@@ -59,6 +59,7 @@ def export_bundle(
     hidden_states: bool = False,
     heads: tuple = (),
     heads_default: str | None = None,
+    default_method: str | None = None,
     force: bool = False,
     revision: str | None = None,
     progress: bool = True,
@@ -67,6 +68,7 @@ def export_bundle(
 
     ``heads``: trained heads folders (``train-draft``) to add as graphs; implies ``hidden_states``.
     ``heads_default``: the method such a bundle runs by default (default: pld-eagle with EAGLE heads).
+    ``default_method``: the method any bundle runs by default (an exact method it can run; overrides the heads').
     """
     if dtype not in DTYPES:
         raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
@@ -140,9 +142,21 @@ def export_bundle(
                 manifest["heads"] = export_heads(
                     heads, embed, tgt.decoder.weights.get("lm_head.weight", embed), staging.path, heads_default, chains
                 )
+        if default_method is not None:
+            manifest["default_method"] = check_default_method(default_method, drf is not None, manifest.get("heads"))
         with prog.stage("[bundle] write manifest"):
             path = staging.commit(manifest)
     return path
+
+
+def check_default_method(method: str, has_draft: bool, heads: dict | None) -> str:
+    """``method`` if the bundle can run it exactly, else an error naming the methods it can."""
+    from specdec_edge.speculative.methods import METHODS, available_methods
+
+    choices = [m for m in available_methods(has_draft, heads or {}) if not METHODS[m].lossy]
+    if method not in choices:
+        raise ExportError(f"--default-method {method!r} cannot run on this bundle; choose one of {', '.join(choices)}.")
+    return method
 
 
 def keep_gguf_blocks(loaded, source: str) -> None:

@@ -281,9 +281,10 @@ def available_methods(has_draft: bool, heads: Iterable[str]) -> list[str]:
     return [m.name for m in METHODS.values() if m.missing(has_draft, heads) is None]
 
 
-def default_method(has_draft: bool, heads_section: Mapping | None) -> str:
-    """The method a bundle runs when none is asked for: its heads' recorded default, else draft or plain."""
-    return (heads_section or {}).get("default") or ("draft" if has_draft else "plain")
+def default_method(has_draft: bool, heads_section: Mapping | None, recorded: str | None = None) -> str:
+    """The method a bundle runs when none is asked for: the one its manifest records (``recorded``), else its
+    heads' default, else draft or plain."""
+    return recorded or (heads_section or {}).get("default") or ("draft" if has_draft else "plain")
 
 
 def head_default_choices(heads: Iterable[str] | None = None) -> list[str]:
