@@ -54,7 +54,7 @@ class Pipeline:
         if spec.speculative and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
             raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
         graph = target.graph
-        if spec.speculative and not graph.batch_invariant and not allow_inexact:
+        if spec.speculative and not graph.batch_invariant and target.measured_by_export and not allow_inexact:
             raise SpecdecError(
                 f"this bundle's {graph.dtype} target failed the batch-invariance check at export: verifying several "
                 "tokens in one pass can change its output, so speculative decoding would not be exact. Re-export "
@@ -73,7 +73,13 @@ class Pipeline:
         self.engine = FeatureTap(target) if spec.reads_features else target
         self.proposer = spec.build(Resources(self.engine, draft, self.heads), proposer_options)
         quantized = graph.dtype not in ("fp32", "fp16")  # float graphs round trees by ~1e-5 only: near-ties logged
-        if self.proposer.branches and not graph.tree_invariant and quantized and not allow_inexact:
+        if (
+            self.proposer.branches
+            and not graph.tree_invariant
+            and quantized
+            and not allow_inexact
+            and target.measured_by_export
+        ):
             raise SpecdecError(
                 f"method {method!r} proposes token trees, and this bundle's {graph.dtype} target verifies only "
                 "chain-shaped proposals bit for bit (tree rows round differently; measured at export), so its "

@@ -108,3 +108,14 @@ def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
         assert tree.parents.tolist() == list(range(-1, len(tree.tokens) - 1))
     finally:
         plain.target.graph = graph
+
+
+def test_gpu_engines_pad_instead_so_the_cpu_verdict_does_not_refuse_them(tiny_bundle):
+    from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
+
+    manifest = read_manifest(tiny_bundle)
+    graph = replace(manifest.target.graph, batch_invariant=False)  # e.g. a portable fp16 graph on the CPU
+    engine = OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=8)
+    ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    pipe = Pipeline(ref.tokenizer, engine, None, "pld", 4)  # not refused: every pass runs 8 rows wide
+    assert pipe.generate("the quick brown fox", max_new_tokens=12).token_ids

@@ -95,6 +95,9 @@ class Engine(ABC):
     graph: object  # bundle.GraphSpec
     capacity: int  # cache slots
     length: int = 0  # committed slots
+    # Runs the CPU kernels that the export-time batch-invariance check measured (GraphSpec.batch_invariant).
+    # GPU engines pad every pass to one width instead (pad_step), so that verdict does not apply to them.
+    measured_by_export: bool = True
 
     @abstractmethod
     def run(

@@ -105,6 +105,8 @@ def compaction_model(cache_dtype: str) -> bytes:
 class OrtGpuEngine(Engine):
     """Runs one bundle graph on ONNX Runtime's CUDA or TensorRT EP with a device-resident KV cache (batch 1)."""
 
+    measured_by_export = False  # every pass padded to ``pad_to`` rows instead
+
     def __init__(
         self,
         model_path: str | Path,

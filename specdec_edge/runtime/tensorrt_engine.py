@@ -25,6 +25,8 @@ class TensorRTEngine(Engine):
     step is one strided ``cudaMemcpy2DAsync`` per moved slot covering every layer, K and V.
     """
 
+    measured_by_export = False  # every pass padded to ``pad_to`` rows instead
+
     def __init__(self, plan_path: Path, graph: GraphSpec, sidecar: dict, pad_to: int | None = None):
         trt, self._cudart = import_tensorrt(), import_cudart()
         cudart = self._cudart

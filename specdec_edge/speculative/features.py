@@ -25,6 +25,7 @@ class FeatureTap(Engine):
             )
         self.engine = engine
         self.graph = engine.graph
+        self.measured_by_export = engine.measured_by_export
         self.capacity = engine.capacity
         self.features = np.zeros((engine.capacity, engine.graph.hidden_size), dtype=np.float32)  # [capacity, H]
         self._hidden = None  # [S, H] of the last run
