@@ -361,17 +361,17 @@ def build_engines(bundle, backends, max_verify, hardware_compatible):
         [m.name for m in METHODS.values() if m.speculative and not m.lossy and set(m.needs) <= {"eagle"}]
     ),
     default=None,
-    help="Speculative method to compare with plain decoding. Default: the bundle's (pld-eagle: prompt "
-    "lookup where text repeats, else the shipped EAGLE head; pld for --dtype int8/int4).",
+    help="Speculative method to compare with plain decoding. Default: the bundle's, auto (each step the "
+    "proposer and width with the most expected tokens per second here: prompt lookup, the shipped EAGLE head on "
+    "fp32/fp16, lookahead, or a plain step).",
 )
 @click.option(
     "-k",
     "--k",
     "k",
     type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Speculation length (the setting docs/PERFORMANCE.md measures).",
+    default=None,
+    help="Speculation length (default: the method's; 6 for auto, 4 for the others).",
 )
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option(

@@ -43,9 +43,9 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "--k",
     "k",
     type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Speculation length: draft tokens verified per target pass.",
+    default=None,
+    help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
+    "which verifies only the part worth its cost; 4 for the others).",
 )
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads.")
 @click.option(

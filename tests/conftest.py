@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import tempfile
 
 import pytest
 
 from tests.tiny_models import TRAIN, make_model
+
+# What the package caches per machine (measured step costs, the default bundle) goes to a fresh folder, not
+# the user's: every test session measures anew, and CLI subprocesses inherit it.
+os.environ["SPECDEC_EDGE_CACHE"] = tempfile.mkdtemp(prefix="specdec-edge-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ MESSAGES = [{"role": "user", "content": "Summarize the following article in thre
 
 @pytest.fixture(scope="module")
 def pipe(tiny_bundle):
-    return Pipeline.load(tiny_bundle, threads=1)
+    return Pipeline.load(tiny_bundle, method="draft", threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,9 @@ def plain(tiny_bundle):
 
 
 def test_load_defaults_and_errors(pipe, tiny_bundle, tmp_path):
-    assert pipe.method == "draft" and pipe.k == 4 and pipe.capacity == 255  # 256 minus the padding slot
+    assert pipe.k == 4 and pipe.capacity == 255  # 256 minus the padding slot
+    default = Pipeline.load(tiny_bundle, threads=1)
+    assert default.method == "auto" and default.k == 6
     with pytest.raises(SpecdecError, match="unknown method"):
         Pipeline.load(tiny_bundle, method="jacobi")
     with pytest.raises(SpecdecError, match="speculation length"):

@@ -23,6 +23,7 @@ from specdec_edge.speculative.tree import depths, path_to
 # method -> the bundle fixture that can run it (a new method must be added here: the registry is checked below)
 BUNDLE = {
     "plain": "tiny_bundle",
+    "auto": "heads_bundle",
     "draft": "tiny_bundle",
     "pld": "tiny_bundle",
     "lookahead": "tiny_bundle",
@@ -33,9 +34,9 @@ BUNDLE = {
 }
 # Proposers whose proposals depend on more than the context: lookahead's Jacobi window and n-gram pool
 # remember what earlier steps guessed.
-HISTORY_DEPENDENT = {"lookahead"}
+HISTORY_DEPENDENT = {"lookahead", "auto"}  # auto: its choices follow what it has measured and learned
 # Tree depth: at most k, but lookahead's Jacobi window has its own shape (window + ngram - 2 levels deep).
-MAX_DEPTH = {"lookahead": 4 + 3 - 2}
+MAX_DEPTH = {"lookahead": 4 + 3 - 2, "auto": 4 + 3 - 2}
 # (accepted nodes, with the target's own token): all, none, some, eos or the length limit inside a proposal
 PATTERNS = [(9, True), (0, True), (2, True), (1, False), (9, True), (3, True), (2, False), (9, True)]
 K = 4

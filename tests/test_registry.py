@@ -37,7 +37,7 @@ def choices(command: str, option: str) -> list[str]:
 def test_cli_choices_come_from_the_registry():
     assert choices("generate", "method") == choices("chat", "method") == list(METHODS)
     assert choices("export", "heads_default") == head_default_choices() == ["eagle", "medusa", "pld-eagle"]
-    assert set(choices("demo", "method")) == {"pld", "lookahead", "eagle", "pld-eagle"}
+    assert set(choices("demo", "method")) == {"auto", "pld", "lookahead", "eagle", "pld-eagle"}
     assert check_methods(list(METHODS)) == list(METHODS)  # bench takes every method, plain first
     help_text = CliRunner().invoke(main, ["generate", "-h"]).output
     for name in METHODS:
@@ -53,7 +53,17 @@ def test_readme_and_design_follow_the_registry():
 
 
 def test_records_are_consistent():
-    assert list(METHODS) == ["plain", "draft", "pld", "lookahead", "eagle", "medusa", "medusa-typical", "pld-eagle"]
+    assert list(METHODS) == [
+        "plain",
+        "auto",
+        "draft",
+        "pld",
+        "lookahead",
+        "eagle",
+        "medusa",
+        "medusa-typical",
+        "pld-eagle",
+    ]
     for m in METHODS.values():
         assert set(m.needs) <= {"draft", *HEAD_METHODS}, m.name
         assert m.reads_features == any(n in HEAD_METHODS for n in m.needs)
@@ -69,17 +79,25 @@ def test_records_are_consistent():
 
 
 def test_requirements_and_defaults():
-    assert available_methods(False, []) == ["plain", "pld", "lookahead"]
-    assert available_methods(True, ["eagle", "default"]) == ["plain", "draft", "pld", "lookahead", "eagle", "pld-eagle"]
+    assert available_methods(False, []) == ["plain", "auto", "pld", "lookahead"]
+    assert available_methods(True, ["eagle", "default"]) == [
+        "plain",
+        "auto",
+        "draft",
+        "pld",
+        "lookahead",
+        "eagle",
+        "pld-eagle",
+    ]
     assert "has no draft model" in METHODS["draft"].missing(False, [])
     assert "train-draft --method medusa" in METHODS["medusa-typical"].missing(True, ["eagle"])
-    assert default_method(True, None) == "draft" and default_method(False, {}) == "plain"
-    assert default_method(False, {"eagle": {}, "default": "eagle"}) == "eagle"
+    assert default_method(True, None) == default_method(False, {"eagle": {}, "default": "eagle"}) == "auto"
+    assert default_method(False, {}, recorded="pld") == "pld"  # export --default-method
     assert default_head_method(["eagle", "medusa"]) == "pld-eagle" and default_head_method(["medusa"]) == "medusa"
     assert default_head_method(["eagle"], "eagle") == "eagle"
     with pytest.raises(SpecdecError, match="choose one of medusa"):
         default_head_method(["medusa"], "pld-eagle")
-    with pytest.raises(SpecdecError, match="unknown method 'jacobi'; choose one of plain, draft"):
+    with pytest.raises(SpecdecError, match="unknown method 'jacobi'; choose one of plain, auto, draft"):
         get_method("jacobi")
 
 
@@ -126,7 +144,7 @@ def test_pipeline_reads_the_registry(tiny_bundle):
 
 def test_info_lists_the_methods_a_bundle_can_run(tiny_bundle):
     res = CliRunner().invoke(main, ["info", str(tiny_bundle)])
-    assert res.exit_code == 0 and "methods: plain, draft, pld, lookahead" in res.output
+    assert res.exit_code == 0 and "methods: plain, auto, draft, pld, lookahead" in res.output
 
 
 def test_head_recipes_match_the_registry():

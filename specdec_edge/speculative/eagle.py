@@ -125,4 +125,6 @@ class EagleProposer(Proposer):
         return Proposal(
             np.array([tokens[i] for i in kept], dtype=np.int64),
             parents=np.array([index.get(parents[i], -1) for i in kept], dtype=np.int64),
+            source="eagle",
+            confidence=np.exp([scores[i] for i in kept]),  # the head's probability of each node's whole path
         )

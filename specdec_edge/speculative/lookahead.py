@@ -38,6 +38,7 @@ class LookaheadProposer(Proposer):
         self.levels = np.zeros((ngram - 1, window), dtype=np.int64)
         self._window_nodes: np.ndarray | None = None  # proposal node index of each window token
         self._last: Proposal | None = None
+        self.pool_nodes = 0
 
     def prefill(self, prompt, params, rng) -> None:
         prompt = np.asarray(prompt, dtype=np.int64)
@@ -71,6 +72,7 @@ class LookaheadProposer(Proposer):
                     tokens.append(t)
                     parents.append(parent)
                 parent = node
+        self.pool_nodes = len(tokens)  # nodes from the n-gram pool (the rest is the Jacobi window)
         levels, width = self.levels.shape
         nodes = len(tokens) + np.arange(levels * width).reshape(levels, width)
         for level in range(levels):
@@ -81,7 +83,9 @@ class LookaheadProposer(Proposer):
                 else:
                     parents.append(int(nodes[0, col - 1]) if col else -1)
         self._window_nodes = nodes
-        self._last = Proposal(np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64))
+        self._last = Proposal(
+            np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64), source="lookahead"
+        )
         return self._last
 
     def observe(self, proposal: Proposal, logits: np.ndarray, hidden=None) -> None:

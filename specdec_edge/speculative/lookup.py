@@ -17,6 +17,11 @@ from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 def lookup(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -> np.ndarray:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the longest matching tail n-gram."""
+    return lookup_match(tokens, k, max_ngram, min_ngram)[0]
+
+
+def lookup_match(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[np.ndarray, int]:
+    """``lookup``'s tokens and the length n of the n-gram they follow (0: no match)."""
     length = len(tokens)
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         pattern = tokens[length - n :]
@@ -25,8 +30,8 @@ def lookup(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if len(hits):
             start = hits[-1] + n
-            return tokens[start : start + k]
-    return tokens[:0]
+            return tokens[start : start + k], n
+    return tokens[:0], 0
 
 
 class PromptLookupProposer(Proposer):
@@ -40,6 +45,7 @@ class PromptLookupProposer(Proposer):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.buf = np.zeros(0, dtype=np.int64)
         self.length = 0
+        self.matched = 0  # the n-gram length behind the last proposal (0: none); auto keys its statistics by it
 
     def prefill(self, prompt, params, rng) -> None:
         self.buf = np.zeros(max(1024, 2 * len(prompt)), dtype=np.int64)
@@ -54,10 +60,11 @@ class PromptLookupProposer(Proposer):
         self.length = need
 
     def propose(self, context, k) -> Proposal:
+        self.matched = 0
         if k <= 0:
             return EMPTY
-        tokens = lookup(self.buf[: self.length], k, self.max_ngram, self.min_ngram)
-        return Proposal(tokens.copy()) if len(tokens) else EMPTY
+        tokens, self.matched = lookup_match(self.buf[: self.length], k, self.max_ngram, self.min_ngram)
+        return Proposal(tokens.copy(), source="pld") if len(tokens) else EMPTY
 
     def commit(self, context) -> None:
         self._extend(context[self.length :])

@@ -133,6 +133,7 @@ def decode(
         stats.proposed += len(proposal.tokens)
         stats.accepted += n
         stats.accepted_lengths[n] += 1
+        stats.record(proposal.source, len(proposal.tokens), n)
         stats.new_tokens += len(emitted)
         stats.draft_s += (t1 - t0) + (t4 - t3)
         stats.verify_s += t2 - t1

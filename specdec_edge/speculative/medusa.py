@@ -72,4 +72,4 @@ class MedusaProposer(Proposer):
         index = {p: i for i, p in enumerate(paths)}
         tokens = np.array([ids[len(p) - 1, 0, p[-1]] for p in paths], dtype=np.int64)
         parents = np.array([index[p[:-1]] if len(p) > 1 else -1 for p in paths], dtype=np.int64)
-        return Proposal(tokens, parents=parents)
+        return Proposal(tokens, parents=parents, source="medusa")

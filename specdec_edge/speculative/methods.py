@@ -18,10 +18,18 @@ from typing import TYPE_CHECKING, Any
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import Engine
 from specdec_edge.speculative.acceptance import AcceptanceRule, ExactAcceptance, TypicalAcceptance
+from specdec_edge.speculative.auto import AutoProposer, Candidate
+from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.eagle import EagleProposer
 from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer
-from specdec_edge.speculative.medusa import MedusaProposer
+from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
+from specdec_edge.speculative.predictors import (
+    Calibrated,
+    lookahead_predictor,
+    medusa_predictor,
+    pld_predictor,
+)
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer, FirstOfProposer
 
@@ -119,6 +127,9 @@ class Resources:
     target: Engine  # the engine the decode loop drives (a ``FeatureTap`` when the method reads features)
     draft: Engine | None = None
     heads: Mapping[str, HeadGraph] = field(default_factory=dict)
+    trees: bool = True  # proposals may branch (False: the target verifies only chains bit for bit)
+    # The device's step costs (``speculative/costs.py``), given the proposers whose own cost to measure.
+    costs: Callable[[Mapping[str, Proposer]], CostModel] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,8 @@ class Method:
     needs: tuple[str, ...] = ()  # "draft" and/or head methods ("eagle", "medusa")
     rule: type[AcceptanceRule] = ExactAcceptance  # built with the options marked ``for_rule``
     speculative: bool = True  # False for plain decoding (no proposal; k is ignored)
+    uses_heads: bool = False  # reads the target's features whenever the bundle has trained heads (auto)
+    default_k: int = 4  # the deepest proposal, unless k is given
 
     @property
     def lossy(self) -> bool:
@@ -142,6 +155,10 @@ class Method:
     def reads_features(self) -> bool:
         """The proposer reads the target's hidden states (trained heads)."""
         return any(n in HEAD_METHODS for n in self.needs)
+
+    def taps_features(self, heads: Iterable[str]) -> bool:
+        """The decode loop must keep the target's features, for a bundle with these heads."""
+        return self.reads_features or (self.uses_heads and any(h in HEAD_METHODS for h in heads))
 
     def missing(self, has_draft: bool, heads: Iterable[str], where: str = "this bundle") -> str | None:
         """Why a bundle with a draft model (or not) and these heads cannot run this method, or None."""
@@ -217,9 +234,53 @@ def _pld_eagle(res: Resources, options: dict) -> Proposer:
     return FirstOfProposer(PromptLookupProposer(**pld), _eagle(res, eagle))
 
 
+def auto_candidates(res: Resources, options: dict) -> list[Candidate]:
+    """The proposers ``auto`` chooses among on a bundle: prompt lookup always; the draft model and the trained
+    heads the bundle has; lookahead where trees are verified exactly. On chain-only bundles the heads propose
+    chains (EAGLE with topk 1, Medusa's top-1 path)."""
+    pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
+    candidates = [Candidate("pld", PromptLookupProposer(**pld), pld_predictor())]
+    if res.draft is not None:
+        candidates.append(Candidate("draft", DraftModelProposer(res.draft), Calibrated()))
+    if "eagle" in res.heads:
+        head = res.heads["eagle"]
+        shape = {"topk": head.defaults.get("topk", 3), "nodes": 32} if res.trees else {"topk": 1, "nodes": 32}
+        eagle = EagleProposer(head, res.target, **{**head.defaults, **shape})
+        fixed = head.defaults.get("nodes", 5) if res.trees else None  # seeded sampling: the bundle's tree size
+        candidates.append(Candidate("eagle", eagle, Calibrated(), fixed_width=fixed))
+    if "medusa" in res.heads:
+        head = res.heads["medusa"]
+        tree = head.defaults.get("tree") or MEDUSA_TREE
+        if not res.trees:
+            tree = [p for p in tree if not any(p)]  # the top-1 path: a chain
+        candidates.append(Candidate("medusa", MedusaProposer(head, res.target, tree=tree), medusa_predictor()))
+    if res.trees:
+        candidates.append(Candidate("lookahead", LookaheadProposer(), lookahead_predictor(), fixed=False))
+    return candidates
+
+
+def _auto(res: Resources, options: dict) -> Proposer:
+    candidates = auto_candidates(res, options)
+    if res.costs is None:
+        raise SpecdecError("method 'auto' needs the device's step costs; load it through Pipeline.load.")
+    costs = res.costs({c.name: c.proposer for c in candidates})
+    for c in candidates:
+        c.cost_s = costs.proposers.get(c.name, 0.0)
+    return AutoProposer(candidates, costs)
+
+
 _METHODS = (
     Method(
         "plain", "nothing: the same loop, one token per target pass", lambda res, o: EmptyProposer(), speculative=False
+    ),
+    Method(
+        "auto",
+        "each step, the proposer, width and tree with the most expected tokens per second on this device "
+        "(or a plain step)",
+        _auto,
+        (PLD_OPTIONS[0], Option("min_ngram", "int", 1, "shortest n-gram matched", low=1)),
+        uses_heads=True,
+        default_k=6,
     ),
     Method(
         "draft",
@@ -282,9 +343,9 @@ def available_methods(has_draft: bool, heads: Iterable[str]) -> list[str]:
 
 
 def default_method(has_draft: bool, heads_section: Mapping | None, recorded: str | None = None) -> str:
-    """The method a bundle runs when none is asked for: the one its manifest records (``recorded``), else its
-    heads' default, else draft or plain."""
-    return recorded or (heads_section or {}).get("default") or ("draft" if has_draft else "plain")
+    """The method a bundle runs when none is asked for: the one its manifest records (``recorded``, from
+    `export --default-method`), else ``auto``, which runs whatever the bundle has (prompt lookup at least)."""
+    return recorded or "auto"
 
 
 def head_default_choices(heads: Iterable[str] | None = None) -> list[str]:

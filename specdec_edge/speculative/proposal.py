@@ -8,6 +8,10 @@ target pass and keeps what the exact acceptance rule accepts. Every method is a 
 -1 for a child of the pending token, parents before children. ``None`` means a chain.
 ``Proposal.probs`` (q, chains only) is the distribution each token was drawn from, needed by
 exact rejection sampling; ``None`` means the tokens were chosen deterministically.
+``Proposal.source`` names the proposer that made it (per-proposer stats; ``""`` for no proposal), and
+``Proposal.confidence``, when the proposer has one, is its own estimate of each node's chance of being
+accepted (EAGLE's path probability, a draft model's), which ``auto`` calibrates against what the target
+accepts.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ class Proposal:
     tokens: np.ndarray  # [m] int64
     probs: np.ndarray | None = None  # [m, V] float64 (q), or None for deterministic tokens
     parents: np.ndarray | None = None  # [m] int64 tree parents, or None for a chain
+    source: str = ""  # the proposer that made it ("pld", "eagle", ...); "" for no proposal
+    confidence: np.ndarray | None = None  # [m] float: the proposer's estimate that each node is accepted
 
 
 EMPTY = Proposal(np.zeros(0, dtype=np.int64))

@@ -48,22 +48,33 @@ class DraftModelProposer(Proposer):
             return EMPTY
         feed = [int(t) for t in context[len(self.seen) :]]
         self.confirmed = len(context)
-        tokens, probs = [], []
+        tokens, probs, confidence, path = [], [], [], 1.0
         for _ in range(k):
             logits = self.engine.run(feed, logits_to_keep=1).logits[-1]
             self.engine.commit(len(feed))
             self.seen.extend(feed)
-            token, q = self._draw(logits)
+            token, q, p = self._draw(logits)
             tokens.append(token)
             probs.append(q)
+            path *= p
+            confidence.append(path)
             feed = [token]
-        return Proposal(np.array(tokens, dtype=np.int64), None if self.params.greedy else np.stack(probs))
+        return Proposal(
+            np.array(tokens, dtype=np.int64),
+            None if self.params.greedy else np.stack(probs),
+            source="draft",
+            confidence=np.array(confidence),
+        )
 
-    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None, float]:
+        """The draft token, the distribution it was drawn from (None: greedy) and the draft's probability of it."""
         if self.params.greedy:
-            return int(np.argmax(logits)), None
+            token = int(np.argmax(logits))
+            shifted = logits - logits[token]
+            return token, None, float(1.0 / np.exp(shifted, dtype=np.float64).sum())
         q = probs_from_logits(logits, self.params)
-        return sample(q, self.rng), q
+        token = sample(q, self.rng)
+        return token, q, float(q[token])
 
     def commit(self, context) -> None:
         limit = min(len(self.seen), len(context) - 1)  # the pending token must be fed at the next propose

@@ -7,6 +7,37 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
+class ProposerStats:
+    """What one proposer's proposals did (``Stats.by_proposer``): why ``auto`` chose what it chose."""
+
+    steps: int = 0  # target passes that verified its proposal
+    proposed: int = 0  # its draft tokens verified
+    accepted: int = 0  # of which accepted
+    accepted_at: Counter = field(default_factory=Counter)  # depth (1 = first draft token) -> accepted there
+    widths: Counter = field(default_factory=Counter)  # draft tokens verified in one pass -> passes
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Accepted draft tokens + the target's own, per pass."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_pass": self.tokens_per_pass,
+            "accepted_at": {str(d): c for d, c in sorted(self.accepted_at.items())},
+            "widths": {str(w): c for w, c in sorted(self.widths.items())},
+        }
+
+
+@dataclass
 class Stats:
     """Filled in by ``decode`` as it runs, so it is valid even after a cancelled generation.
 
@@ -26,6 +57,9 @@ class Stats:
     draft_s: float = 0.0  # proposer: propose + commit
     verify_s: float = 0.0  # target passes
     total_s: float = 0.0  # prefill + decode, wall clock
+    # Per proposer that made the verified proposals ("plain" for steps without one): pld, eagle, ... -- for a
+    # combined method (auto, pld-eagle) this shows which proposer ran how often and how well.
+    by_proposer: dict[str, ProposerStats] = field(default_factory=dict)
 
     @property
     def decode_s(self) -> float:
@@ -55,10 +89,36 @@ class Stats:
         """New tokens per second after prefill."""
         return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
+    def record(self, source: str, proposed: int, accepted: int) -> None:
+        """Count one verification pass for the proposer ``source`` ("" or "plain": none)."""
+        entry = self.by_proposer.setdefault(source or "plain", ProposerStats())
+        entry.steps += 1
+        entry.proposed += proposed
+        entry.accepted += accepted
+        entry.widths[proposed] += 1
+        for depth in range(1, accepted + 1):
+            entry.accepted_at[depth] += 1
+
+    def proposer_summary(self) -> str:
+        """One line: each proposer's share of the passes, acceptance and tokens per pass."""
+        parts = []
+        for name, s in sorted(self.by_proposer.items(), key=lambda kv: -kv[1].steps):
+            share = s.steps / self.steps if self.steps else 0.0
+            if name == "plain":
+                parts.append(f"plain {share:.0%} of passes")
+            else:
+                width = sum(w * c for w, c in s.widths.items()) / s.steps
+                parts.append(
+                    f"{name} {share:.0%} (width {width:.1f}, accepted {s.acceptance_rate:.0%}, "
+                    f"{s.tokens_per_pass:.2f} tokens/pass)"
+                )
+        return "; ".join(parts)
+
     def as_dict(self) -> dict:
         """Plain JSON-able dict: the counters, the timers and the derived rates."""
         d = asdict(self)
         d["accepted_lengths"] = {str(n): c for n, c in sorted(self.accepted_lengths.items())}
+        d["by_proposer"] = {name: s.as_dict() for name, s in sorted(self.by_proposer.items())}
         for name in (
             "decode_s",
             "other_s",

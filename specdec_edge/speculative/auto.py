@@ -1,0 +1,276 @@
+"""``auto``: each step, the proposer, width and tree that promise the most tokens per second on this device.
+
+Every step, for each proposer the bundle can run (prompt lookup, EAGLE or Medusa heads, a draft
+model, lookahead) and for plain decoding (width 0), ``auto`` prices the options:
+
+    value = (1 + expected accepted tokens) / (proposers' time + verify time of width w + 1 + overhead)
+
+* the verify time comes from the device's measured cost curve (``costs.py``), scaled by how fast
+  the passes actually run now;
+* the expected accepted tokens of the first w nodes (parent-first, most likely first) come from
+  each proposer's online acceptance model (``predictors.py``);
+* a proposer's own time is measured as it runs; a costly one (a head) is only asked when its
+  recent proposals could beat the best option already in hand.
+
+It verifies the best option through the exact rules, as every method does: the choice changes
+speed, never the output (greedy output equals plain's token for token; sampling keeps the
+target's distribution). Sampling with a seed follows a fixed rule instead (the first candidate that
+proposes), so that the seed pins the text as with any fixed method.
+
+Two safety nets: every proposer is verified now and then even when its model says no (a probe,
+rarer each time it fails), so a model cannot stay wrong; and a guard watches the real throughput
+of the last ``GUARD_WINDOW`` steps: when it falls below what plain decoding would give, ``auto``
+runs plain steps for a while (longer after each relapse) and then tries again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdec_edge.speculative.costs import CostModel
+from specdec_edge.speculative.predictors import Predictor, prefix_order
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
+
+PROBE_EVERY = 32  # steps: a proposer not verified for this long is verified once (doubling while probes fail)
+PROBE_MAX = 1024
+GUARD_WINDOW = 32  # steps of measured throughput the guard compares with plain decoding
+PLAIN_BACKOFF = (16, 512)  # plain steps after the guard trips: first, and the most after repeated trips
+EMA = 0.2  # weight of a new measurement in running means
+CHEAP = 0.05  # a proposer costing less than this share of a 1-row pass is always asked
+
+
+@dataclass
+class Candidate:
+    """One proposer ``auto`` may choose, with its acceptance model and what it has measured."""
+
+    name: str
+    proposer: Proposer
+    predictor: Predictor
+    cost_s: float = 0.0  # running mean of its propose + commit seconds
+    gain: float = 1.0  # running mean of the expected accepted tokens of its best option when asked
+    width: float = 1.0  # running mean of that option's width
+    asked: int = -(10**9)  # step it was last asked to propose
+    chosen: int = 0  # step it was last verified (starts "recent": priors decide first)
+    probe_every: int = PROBE_EVERY
+    # Seeded sampling (see AutoProposer.prefill): asked in the candidates' order, its proposal cut to this many
+    # nodes (None: all); False leaves it out then.
+    fixed_width: int | None = None
+    fixed: bool = True
+
+
+@dataclass
+class _Option:
+    gain: float  # expected accepted tokens
+    width: int  # nodes verified
+    candidate: Candidate | None = None  # None: plain
+    proposal: Proposal = EMPTY
+    keys: list = field(default_factory=list)
+    probe: bool = False
+
+
+class AutoProposer(Proposer):
+    """Chooses among ``candidates`` (and plain) every step by expected tokens per second (module docstring)."""
+
+    def __init__(self, candidates: list[Candidate], costs: CostModel):
+        self.candidates = candidates
+        self.costs = costs
+        self.branches = any(c.proposer.branches for c in candidates)
+        self.slowdown = 1.0  # measured verify time / the cost model's
+        self.overhead = 0.0  # seconds per step outside proposers and verification (acceptance, bookkeeping)
+        self.step = 0
+        self.window: deque = deque(maxlen=GUARD_WINDOW)  # (tokens, seconds) of recent steps
+        self.plain_until = 0  # the guard's plain steps run until this step
+        self.backoff = PLAIN_BACKOFF[0]
+        self.trips = 0  # times the guard switched to plain steps (for reports)
+        self.fixed = False  # seeded sampling: a fixed rule instead of measured choices (``prefill``)
+        self._chosen: _Option | None = None
+        self._returned: Proposal | None = None
+        self._times = (0.0, 0.0, 0.0)  # step start, end of propose, proposers' seconds
+
+    # ---- the Proposer protocol
+
+    def prefill(self, prompt, params, rng) -> None:
+        for c in self.candidates:
+            c.proposer.prefill(prompt, params, rng)
+        self.window.clear()
+        self.plain_until = 0
+        self._chosen = None
+        # Sampling with a seed: the seed must pin the text, so no choice may depend on a measured time or on
+        # what earlier generations taught the models. A fixed rule instead: the first candidate that proposes.
+        self.fixed = not params.greedy and params.seed is not None
+
+    def propose(self, context, k) -> Proposal:
+        start = time.perf_counter()
+        self.step += 1
+        self._base = len(context)
+        if k <= 0 or self.step < self.plain_until:
+            option, sunk = _Option(0.0, 0), 0.0
+        elif self.fixed:
+            option, sunk = self._first_proposal(context, k), 0.0
+        else:
+            option, sunk = self._choose(context, k)
+        self._chosen = option
+        self._returned = option.proposal
+        self._times = (start, time.perf_counter(), sunk)
+        return option.proposal
+
+    def observe(self, proposal: Proposal, logits: np.ndarray, hidden: np.ndarray | None = None) -> None:
+        self._verified_s = time.perf_counter() - self._times[1]
+        if proposal is not self._returned:  # the loop verified something else (no room left in the cache)
+            self._chosen = None
+        for c in self.candidates:
+            c.proposer.observe(proposal, logits, hidden)
+
+    def commit(self, context) -> None:
+        for c in self.candidates:
+            c.proposer.commit(context)
+        option, emitted = self._chosen, list(context[self._base :])
+        if option is None:
+            return
+        if option.candidate is not None:
+            accepted = accepted_nodes(option.proposal, emitted)
+            option.candidate.predictor.update(option.keys, accepted)
+            if option.probe:
+                c = option.candidate
+                c.probe_every = PROBE_EVERY if accepted.any() else min(2 * c.probe_every, PROBE_MAX)
+        start, proposed, sunk = self._times
+        seconds = time.perf_counter() - start
+        modeled = self.costs.verify(option.width + 1, self._base)
+        self.slowdown += EMA * (self._verified_s / max(modeled, 1e-9) - self.slowdown)
+        self.overhead += EMA * (max(seconds - sunk - self._verified_s, 0.0) - self.overhead)
+        self.window.append((len(emitted), seconds))
+        self._guard(len(context))
+
+    # ---- choosing
+
+    def verify_s(self, width: int, context: int) -> float:
+        """Expected seconds of verifying ``width`` draft nodes (a pass of width + 1 rows) plus the step's overhead."""
+        return self.costs.verify(width + 1, context) * self.slowdown + self.overhead
+
+    def _choose(self, context, k: int) -> tuple[_Option, float]:
+        n = len(context)
+        options = [_Option(0.0, 0)]
+        sunk = 0.0
+
+        def value(gain, width, extra=0.0):
+            return (1.0 + gain) / (sunk + extra + self.verify_s(width, n))
+
+        for c in sorted(self.candidates, key=lambda c: c.cost_s):
+            best = max(options, key=lambda o: value(o.gain, o.width))
+            cheap = c.cost_s < CHEAP * self.verify_s(0, n)
+            due = self.step - c.asked >= c.probe_every
+            if not (cheap or due) and value(c.gain, c.width, c.cost_s) <= value(best.gain, best.width, c.cost_s):
+                continue
+            t0 = time.perf_counter()
+            proposal = c.proposer.propose(context, k)
+            spent = time.perf_counter() - t0
+            sunk += spent
+            c.cost_s += EMA * (spent - c.cost_s)
+            c.asked = self.step
+            if not len(proposal.tokens):
+                c.gain += EMA * (0.0 - c.gain)
+                continue
+            option = self._best_prefix(c, proposal, lambda g, w: value(g, w))
+            c.gain += EMA * (option.gain - c.gain)
+            c.width += EMA * (option.width - c.width)
+            option.probe = self.step - c.chosen >= c.probe_every
+            options.append(option)
+        probes = [o for o in options if o.probe]
+        chosen = probes[0] if probes else max(options, key=lambda o: value(o.gain, o.width))
+        if chosen.candidate is not None:
+            chosen.candidate.chosen = self.step
+            if not chosen.probe:
+                chosen.candidate.probe_every = PROBE_EVERY
+        return chosen, sunk
+
+    def _first_proposal(self, context, k: int) -> _Option:
+        """Seeded sampling's rule: the first candidate's proposal (in the candidates' order), cut to its
+        ``fixed_width`` nodes; chosen without any measurement, so the same seed gives the same text."""
+        for c in self.candidates:
+            if not c.fixed:
+                continue
+            proposal = c.proposer.propose(context, k)
+            if len(proposal.tokens):
+                if c.fixed_width is not None and c.fixed_width < len(proposal.tokens):
+                    proposal = subset(proposal, np.arange(c.fixed_width))  # node order is parent-first
+                return _Option(0.0, len(proposal.tokens), c, proposal)
+        return _Option(0.0, 0)
+
+    def _best_prefix(self, c: Candidate, proposal: Proposal, value) -> _Option:
+        """The most valuable parent-first prefix of ``proposal`` (all of it when its predictor says so)."""
+        rates, keys = c.predictor.rates(proposal, c.proposer)
+        order = prefix_order(proposal, rates)
+        gains = np.cumsum(rates[order])
+        widths = range(1, len(order) + 1) if c.predictor.truncatable else [len(order)]
+        width = max(widths, key=lambda w: value(gains[w - 1], w))
+        if width == len(order) and np.array_equal(order, np.arange(len(order))):
+            return _Option(float(gains[-1]), width, c, proposal, keys)
+        kept = order[:width]
+        return _Option(float(gains[width - 1]), width, c, subset(proposal, kept), [keys[i] for i in kept])
+
+    # ---- the guard
+
+    def plain_rate(self, context: int) -> float:
+        """Tokens per second plain decoding would give now (a 1-row pass, scaled to how fast passes run)."""
+        return 1.0 / (self.costs.verify(1, context) * self.slowdown + self.overhead)
+
+    def _guard(self, context: int) -> None:
+        if len(self.window) < GUARD_WINDOW:
+            return
+        tokens = sum(t for t, _ in self.window)
+        seconds = sum(s for _, s in self.window)
+        if tokens / seconds < self.plain_rate(context):
+            self.plain_until = self.step + self.backoff
+            self.backoff = min(2 * self.backoff, PLAIN_BACKOFF[1])
+            self.trips += 1
+            self.window.clear()
+        elif self.step >= self.plain_until + GUARD_WINDOW:
+            self.backoff = PLAIN_BACKOFF[0]  # a whole window at or above plain since the last trip
+
+
+def subset(proposal: Proposal, kept: np.ndarray) -> Proposal:
+    """The proposal's nodes ``kept`` (parent-first: every node's parent comes before it), re-indexed."""
+    kept = np.asarray(kept, dtype=np.int64)
+    probs = None if proposal.probs is None else proposal.probs[kept]
+    confidence = None if proposal.confidence is None else proposal.confidence[kept]
+    if proposal.parents is None:  # a chain's prefix
+        return Proposal(proposal.tokens[kept], probs, None, proposal.source, confidence)
+    index = {int(node): j for j, node in enumerate(kept)}
+    parents = np.array([index.get(int(proposal.parents[i]), -1) for i in kept], dtype=np.int64)
+    return Proposal(proposal.tokens[kept], probs, parents, proposal.source, confidence)
+
+
+def accepted_nodes(proposal: Proposal, emitted) -> np.ndarray:
+    """Which nodes of a verified proposal were accepted, read from the tokens the step emitted.
+
+    The accepted nodes form the longest root-down path whose tokens start ``emitted``: the token after
+    them is the target's own, which differs from every sibling it was tested against.
+    """
+    m = len(proposal.tokens)
+    accepted = np.zeros(m, dtype=bool)
+    if proposal.parents is None:
+        for i in range(min(m, len(emitted))):
+            if proposal.tokens[i] != emitted[i]:
+                break
+            accepted[i] = True
+        return accepted
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(proposal.parents.tolist()):
+        children.setdefault(parent, []).append(i)
+
+    def longest(node: int, depth: int) -> list[int]:
+        best: list[int] = []
+        if depth < len(emitted):
+            for child in children.get(node, []):
+                if proposal.tokens[child] == emitted[depth]:
+                    path = [child, *longest(child, depth + 1)]
+                    if len(path) > len(best):
+                        best = path
+        return best
+
+    accepted[longest(-1, 0)] = True
+    return accepted
