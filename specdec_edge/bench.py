@@ -20,7 +20,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -30,7 +30,9 @@ from tqdm import tqdm
 from specdec_edge import __version__
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
+from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.methods import METHODS
+from specdec_edge.speculative.stats import ProposerStats
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
 OVERALL = "overall"
@@ -44,6 +46,7 @@ KEYS = (
     "identical_output_rate",
     "near_ties",
     "min_logit_gap",
+    "by_proposer",
 )
 
 
@@ -68,6 +71,7 @@ class Run:
     accepted: int = 0
     near_ties: int = 0
     min_logit_gap: float | None = None
+    by_proposer: dict = field(default_factory=dict)  # proposer -> ProposerStats summed over the turns
 
     def add(self, result, wall_s: float) -> None:
         s = result.stats
@@ -80,6 +84,8 @@ class Run:
         self.proposed += s.proposed
         self.accepted += s.accepted
         self.near_ties += s.near_ties
+        for name, p in s.by_proposer.items():
+            self.by_proposer.setdefault(name, ProposerStats()).add(p)
         if s.min_logit_gap is not None:
             self.min_logit_gap = min(self.min_logit_gap or s.min_logit_gap, s.min_logit_gap)
 
@@ -138,7 +144,7 @@ def run_bench(
     methods: list[str],
     prompts: list[BenchPrompt],
     *,
-    k: int = 4,
+    k: int | None = None,
     max_new_tokens: int = 128,
     meta: dict | None = None,
     progress: bool = True,
@@ -164,6 +170,7 @@ def run_bench(
         except SpecdecError as e:
             skipped[m] = str(e)
     _warm_up(pipes)
+    costs = next((p.proposer.costs for p in pipes.values() if hasattr(p.proposer, "costs")), None)  # auto's
     runs: dict[str, dict] = {m: {} for m in pipes}  # method -> prompt index -> Run
     skipped_prompts, divergences = [], []
     bar = tqdm(total=len(prompts) * len(pipes), desc="bench", unit="gen", file=sys.stderr, disable=not progress)
@@ -204,8 +211,9 @@ def run_bench(
     info = {
         "baseline": baseline(meta or {}),
         "methods": list(pipes),
-        "k": k,
+        "k": k if k is not None else {m: p.k for m, p in pipes.items() if METHODS[m].speculative},
         "max_new_tokens": max_new_tokens,
+        "step_costs": None if costs is None else costs.to_json(),
         "temperature": temperature,
         "seed": seed,
         "lossy_methods": [m for m in pipes if METHODS[m].lossy],
@@ -291,6 +299,10 @@ def _aggregate(runs: list[Run], plain: list[Run], comparable: bool = True) -> di
     plain_wall = sum(r.wall_s for r in plain)
     plain_tps = sum(r.new_tokens for r in plain) / plain_wall if plain_wall > 0 else 0.0
     steps = sum(r.steps for r in runs)
+    by_proposer: dict[str, ProposerStats] = {}
+    for r in runs:
+        for name, p in r.by_proposer.items():
+            by_proposer.setdefault(name, ProposerStats()).add(p)
     return {
         "tokens_per_s": tps,
         "decode_tokens_per_s": tokens / (wall - prefill) if wall > prefill else 0.0,
@@ -303,6 +315,7 @@ def _aggregate(runs: list[Run], plain: list[Run], comparable: bool = True) -> di
         ),
         "near_ties": sum(r.near_ties for r in runs),
         "min_logit_gap": min((r.min_logit_gap for r in runs if r.min_logit_gap is not None), default=None),
+        "by_proposer": {name: p.as_dict() for name, p in sorted(by_proposer.items())},
     }
 
 
@@ -345,9 +358,11 @@ def to_markdown(report: dict) -> str:
     temperature = meta.get("temperature", 0.0)
     mode = "greedy" if not temperature else f"sampling at temperature {temperature} (outputs not compared)"
     lossy = set(meta.get("lossy_methods", ()))
+    k = meta["k"]
+    k = ", ".join(f"{m} {v}" for m, v in k.items()) if isinstance(k, dict) else k
     lines = [
         f"Bench of {model_name(meta)} ({meta.get('dtype', '?')}), "
-        f"{mode}, k={meta['k']}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
+        f"{mode}, k={k}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
         f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.",
         f"Speedup baseline: {meta.get('baseline', 'plain decoding on the same engines')}.",
         "",
@@ -366,6 +381,16 @@ def to_markdown(report: dict) -> str:
                 f"{r['mean_accepted_tokens']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | "
                 f"{_fmt(r['identical_output_rate'], '.0%')} | {r['near_ties']} |"
             )
+    mixed = {m: rows[OVERALL]["by_proposer"] for m, rows in report["results"].items()}
+    mixed = {m: by for m, by in mixed.items() if len(by) > 1}
+    if mixed:
+        lines.append("\nWhich proposer verified each pass (overall; width = draft tokens verified):")
+        for m, by in mixed.items():
+            lines.append(f"- {m}: {proposer_line(by)}")
+    costs = meta.get("step_costs")
+    if costs:
+        lines.append("\nStep costs measured on this device (auto's cost model):")
+        lines += [f"- {line}" for line in CostModel.from_json(costs).describe().splitlines()]
     if lossy:
         lines.append(
             f"\n(lossy): {', '.join(sorted(lossy))} trade exactness for acceptance when sampling: the "
@@ -381,6 +406,23 @@ def to_markdown(report: dict) -> str:
             f"turn {d['turn']} at token {d['position']}."
         )
     return "\n".join(lines) + "\n"
+
+
+def proposer_line(by_proposer: dict) -> str:
+    """``ProposerStats.as_dict`` rows of one method as one line: share of passes, width, acceptance."""
+    steps = sum(p["steps"] for p in by_proposer.values()) or 1
+    parts = []
+    for name, p in sorted(by_proposer.items(), key=lambda kv: -kv[1]["steps"]):
+        share = p["steps"] / steps
+        if name == "plain":
+            parts.append(f"plain {share:.0%} of passes")
+            continue
+        width = p["proposed"] / p["steps"] if p["steps"] else 0.0
+        parts.append(
+            f"{name} {share:.0%} (width {width:.1f}, accepted {p['acceptance_rate']:.0%}, "
+            f"{p['tokens_per_pass']:.2f} tokens/pass)"
+        )
+    return "; ".join(parts)
 
 
 def require_matplotlib() -> None:

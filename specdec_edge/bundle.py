@@ -112,7 +112,7 @@ class Manifest:
     files: dict = field(default_factory=dict)  # relpath -> {"sha256", "size"}
     heads: dict | None = None  # trained draft heads: method -> graph, settings, training summary; "default"
     engines: list = field(default_factory=list)  # prebuilt TensorRT engines (runtime/prebuilt.py)
-    default_method: str | None = None  # what a pipeline runs when none is asked for (else the heads' default)
+    default_method: str | None = None  # what a pipeline runs when none is asked for (else auto)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -311,5 +311,5 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
             for m, h in (manifest.heads or {}).items()
             if m != "default"
         },
-        "default_method": manifest.default_method or (manifest.heads or {}).get("default"),
+        "default_method": manifest.default_method or "auto",
     }

@@ -237,10 +237,13 @@ def info(bundle, as_json):
       specdec-edge info bundles/smollm2 --json
     """
     from specdec_edge.bundle import manifest_summary, read_manifest
+    from specdec_edge.speculative.costs import costs_of_bundle
 
     manifest = read_manifest(bundle)
     summary = manifest_summary(manifest)
     summary["methods"] = available_methods(manifest.draft is not None, manifest.heads or {})
+    costs = costs_of_bundle(bundle)
+    summary["step_costs"] = [c.to_json() for c in costs]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -286,6 +289,13 @@ def info(bundle, as_json):
     click.echo(f"  methods: {', '.join(summary['methods'])}")
     click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {'yes' if summary['chat_template'] else 'no'}")
     click.echo(f"  {summary['files']} files, {summary['total_bytes'] / 1e6:.1f} MB")
+    if not costs:
+        click.echo("  step costs: not measured on this machine yet (auto measures them on first use, ~seconds)")
+    for c in costs:
+        key = c.key
+        click.echo(f"  step costs on {key['device']} ({key['provider']}, threads {key['threads']}):")
+        for line in c.describe().splitlines():
+            click.echo(f"    {line}")
 
 
 @main.command(context_settings=CONTEXT)

@@ -103,10 +103,13 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
 
 
 def stats_line(stats) -> str:
-    return (
+    line = (
         f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
         f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms]"
     )
+    if len(stats.by_proposer) > 1:  # a method that mixes proposers (auto, pld-eagle): which ran, how well
+        line += f"\n[{stats.proposer_summary()}]"
+    return line
 
 
 @click.command(context_settings=CONTEXT)
@@ -144,7 +147,7 @@ def chat(
     history, last = list(start), None
     click.echo(
         f"specdec-edge chat ({pipe.method}"
-        + (f", k={pipe.k}" if pipe.method == "draft" else "")
+        + (f", k={pipe.k}" if pipe.method in ("draft", "auto") else "")
         + "). /reset, /stats, /exit."
     )
     while True:
@@ -164,6 +167,8 @@ def chat(
             click.echo("(conversation reset)")
             continue
         if command == "/stats":
+            if last and last.stats.by_proposer:
+                click.echo(f"proposers: {last.stats.proposer_summary()}")
             click.echo(json.dumps(last.stats.as_dict(), indent=2) if last else "(no answer yet)")
             continue
         if not command:

@@ -227,6 +227,12 @@ def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monke
         CostKey("0" * 64, key.provider, key.device, key.threads, key.candidates),
     ):
         assert load_costs(changed) is None
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+
+    shown = CliRunner().invoke(main, ["info", str(tiny_bundle)]).output
+    assert shown.count("step costs on") == 2 and "relative cost by width" in shown  # threads 1 and 2
     cost_path(key).write_text("{not json")
     assert load_costs(key) is None  # a damaged cache file is measured again, not an error
 

@@ -127,3 +127,22 @@ def test_bench_command_without_heavy_imports(tiny_bundle, prompts_file):
     """)
     assert res.returncode == 0, res.stderr
     assert heavy_modules(res) == "[]"
+
+
+def test_bench_shows_auto_choices_and_step_costs(tiny_bundle, prompts_file, tmp_path):
+    out = tmp_path / "auto.json"
+    md = tmp_path / "auto.md"
+    res = invoke(*bench_args(tiny_bundle, prompts_file, "--methods", "plain,auto", "--json", out, "--md", md))
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["meta"]["k"] == {"auto": 6}
+    by = report["results"]["auto"][OVERALL]["by_proposer"]
+    assert by and set(by) <= {"plain", "pld", "draft", "lookahead"}
+    assert sum(p["steps"] for p in by.values()) * report["results"]["auto"][OVERALL]["mean_accepted_tokens"] > 0
+    for p in by.values():
+        assert sum(p["widths"].values()) == p["steps"]
+    costs = report["meta"]["step_costs"]
+    assert costs["widths"][0] == 1 and len(costs["seconds"][0]) == len(costs["widths"])
+    table = md.read_text()
+    assert "Step costs measured on this device" in table and "relative cost by width" in table
+    assert report["results"]["auto"][OVERALL]["identical_output_rate"] == 1.0

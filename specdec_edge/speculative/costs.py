@@ -192,6 +192,20 @@ def load_costs(key: CostKey) -> CostModel | None:
     return model if model.key == json.loads(json.dumps(asdict(key))) else None  # tuples come back as lists
 
 
+def costs_of_bundle(root: str | Path) -> list[CostModel]:
+    """Every cached cost model of the bundle at ``root`` (any provider, device or threads), for `info`."""
+    digest = hashlib.sha256((Path(root) / "manifest.json").read_bytes()).hexdigest()
+    found = []
+    for path in sorted((cache_dir() / "costs").glob("*.json")):
+        try:
+            model = CostModel.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if model.key.get("bundle") == digest and model.key.get("format") == COST_FORMAT:
+            found.append(model)
+    return found
+
+
 def save_costs(key: CostKey, model: CostModel) -> Path:
     """Write ``model`` for ``key`` atomically (a temp file renamed into place)."""
     path = cost_path(key)

@@ -25,6 +25,14 @@ class ProposerStats:
         """Accepted draft tokens + the target's own, per pass."""
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
 
+    def add(self, other: ProposerStats) -> None:
+        """Sum ``other`` into this one (several generations)."""
+        self.steps += other.steps
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        self.accepted_at.update(other.accepted_at)
+        self.widths.update(other.widths)
+
     def as_dict(self) -> dict:
         return {
             "steps": self.steps,
@@ -100,18 +108,17 @@ class Stats:
             entry.accepted_at[depth] += 1
 
     def proposer_summary(self) -> str:
-        """One line: each proposer's share of the passes, acceptance and tokens per pass."""
+        """One line: each proposer's share of the passes, width, acceptance and tokens per pass."""
+        steps = self.steps or 1
         parts = []
         for name, s in sorted(self.by_proposer.items(), key=lambda kv: -kv[1].steps):
-            share = s.steps / self.steps if self.steps else 0.0
             if name == "plain":
-                parts.append(f"plain {share:.0%} of passes")
-            else:
-                width = sum(w * c for w, c in s.widths.items()) / s.steps
-                parts.append(
-                    f"{name} {share:.0%} (width {width:.1f}, accepted {s.acceptance_rate:.0%}, "
-                    f"{s.tokens_per_pass:.2f} tokens/pass)"
-                )
+                parts.append(f"plain {s.steps / steps:.0%} of passes")
+                continue
+            parts.append(
+                f"{name} {s.steps / steps:.0%} (width {s.proposed / s.steps:.1f}, accepted "
+                f"{s.acceptance_rate:.0%}, {s.tokens_per_pass:.2f} tokens/pass)"
+            )
         return "; ".join(parts)
 
     def as_dict(self) -> dict:
