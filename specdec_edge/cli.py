@@ -77,14 +77,15 @@ def main():
     "--heads-default",
     type=click.Choice(head_default_choices()),
     default=None,
-    help="Method the bundle runs when none is asked for. Default: pld-eagle with EAGLE heads (prompt lookup "
-    "where text repeats, else EAGLE: the fastest measured on a CPU), else medusa.",
+    help="The head method recorded with the heads (what `info` lists for them; runs when asked for or as a "
+    "--default-method). Default: pld-eagle with EAGLE heads, else medusa.",
 )
 @click.option(
     "--default-method",
     type=click.Choice([m.name for m in METHODS.values() if not m.lossy]),
     default=None,
-    help="Method the bundle runs when none is asked for (overrides --heads-default), e.g. pld for a GGUF bundle.",
+    help="Method the bundle runs when none is asked for. Default: auto (each step, whichever of the bundle's "
+    "proposers, or a plain step, promises the most tokens per second on the machine that runs it).",
 )
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")

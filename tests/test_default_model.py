@@ -38,10 +38,10 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     assert "Exporting the default model" in first.output
     assert "output identical to plain: yes" in first.output
     assert "speedup" in first.output and "tok/s" in first.output
-    assert "--- pld (k=4), streamed ---" in first.output  # the default bundle's recorded method
+    assert "--- auto (k=6), streamed ---" in first.output  # no recorded method: auto
     manifest = default_bundle(export_if_missing=False) / "manifest.json"
     m = read_manifest(manifest.parent)
-    assert m.target.graph.dtype == "gguf" and m.default_method == "pld" and m.target.graph.batch_invariant
+    assert m.target.graph.dtype == "gguf" and m.default_method is None and m.target.graph.batch_invariant
     stamp = manifest.stat().st_mtime_ns
     second = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "pld", "--prompt", "Hi there"])
     assert second.exit_code == 0, second.output
