@@ -82,6 +82,19 @@ def test_the_better_proposer_wins():
     assert auto.propose([1, 2, 3], 4).source == "strong"
 
 
+def test_two_proposals_merge_into_one_tree_when_width_is_cheap():
+    chain = Candidate("chain", Scripted(Proposal(np.array([5, 6, 7]), source="chain")), fixed_rates(0.5))
+    other = Candidate("other", Scripted(Proposal(np.array([5, 9]), source="other")), fixed_rates(0.5))
+    auto = AutoProposer([chain, other], scripted_costs(0.0))
+    merged = auto.propose([1, 2, 3], 4)
+    assert merged.source == "chain+other" and merged.parents is not None
+    # The shared first token once: 5 -> 6 -> 7 and 5 -> 9.
+    assert sorted(merged.tokens.tolist()) == [5, 6, 7, 9]
+    assert sorted(auto._chosen.parts[1][2].tolist()) == [merged.tokens.tolist().index(t) for t in (5, 9)]
+    chains_only = AutoProposer([chain, other], scripted_costs(0.0), trees=False)
+    assert chains_only.propose([1, 2, 3], 4).parents is None
+
+
 def test_the_guard_falls_back_to_plain_then_tries_again():
     auto = AutoProposer([Candidate("tree", Scripted(tree(8)), fixed_rates(0.5))], scripted_costs(0.0))
     assert len(auto.propose([1, 2, 3], 4).tokens) == 8

@@ -66,18 +66,21 @@ class Candidate:
 class _Option:
     gain: float  # expected accepted tokens
     width: int  # nodes verified
-    candidate: Candidate | None = None  # None: plain
+    candidate: Candidate | None = None  # None: plain (for a merged tree: its first part's candidate)
     proposal: Proposal = EMPTY
-    keys: list = field(default_factory=list)
+    # Each proposer's share: (candidate, its predictor's keys, their nodes in ``proposal``), for the verdicts.
+    parts: list = field(default_factory=list)
     probe: bool = False
+    whole: tuple | None = None  # (proposal, rates, keys) before truncation: what a merged tree is built from
 
 
 class AutoProposer(Proposer):
     """Chooses among ``candidates`` (and plain) every step by expected tokens per second (module docstring)."""
 
-    def __init__(self, candidates: list[Candidate], costs: CostModel):
+    def __init__(self, candidates: list[Candidate], costs: CostModel, trees: bool = True):
         self.candidates = candidates
         self.costs = costs
+        self.trees = trees  # proposals may branch: two proposers' drafts may be verified as one tree
         self.branches = any(c.proposer.branches for c in candidates)
         self.slowdown = 1.0  # measured verify time / the cost model's
         self.overhead = 0.0  # seconds per step outside proposers and verification (acceptance, bookkeeping)
@@ -133,7 +136,8 @@ class AutoProposer(Proposer):
             return
         if option.candidate is not None:
             accepted = accepted_nodes(option.proposal, emitted)
-            option.candidate.predictor.update(option.keys, accepted)
+            for c, keys, nodes in option.parts:
+                c.predictor.update(keys, accepted[nodes])
             if option.probe:
                 c = option.candidate
                 c.probe_every = PROBE_EVERY if accepted.any() else min(2 * c.probe_every, PROBE_MAX)
@@ -179,12 +183,17 @@ class AutoProposer(Proposer):
             c.width += EMA * (option.width - c.width)
             option.probe = self.step - c.chosen >= c.probe_every
             options.append(option)
+        if self.trees:  # the two best proposals as one tree: more chances in one pass where width is cheap
+            mergeable = [o for o in options if o.whole is not None and o.proposal.probs is None]
+            if len(mergeable) >= 2:
+                top = sorted(mergeable, key=lambda o: -value(o.gain, o.width))[:2]
+                options.append(merged_option(top, lambda g, w: value(g, w)))
         probes = [o for o in options if o.probe]
         chosen = probes[0] if probes else max(options, key=lambda o: value(o.gain, o.width))
-        if chosen.candidate is not None:
-            chosen.candidate.chosen = self.step
+        for c, _, _ in chosen.parts:
+            c.chosen = self.step
             if not chosen.probe:
-                chosen.candidate.probe_every = PROBE_EVERY
+                c.probe_every = PROBE_EVERY
         return chosen, sunk
 
     def _first_proposal(self, context, k: int) -> _Option:
@@ -197,7 +206,7 @@ class AutoProposer(Proposer):
             if len(proposal.tokens):
                 if c.fixed_width is not None and c.fixed_width < len(proposal.tokens):
                     proposal = subset(proposal, np.arange(c.fixed_width))  # node order is parent-first
-                return _Option(0.0, len(proposal.tokens), c, proposal)
+                return _Option(0.0, len(proposal.tokens), c, proposal, [(c, [], np.zeros(0, np.int64))])
         return _Option(0.0, 0)
 
     def _best_prefix(self, c: Candidate, proposal: Proposal, value) -> _Option:
@@ -207,10 +216,12 @@ class AutoProposer(Proposer):
         gains = np.cumsum(rates[order])
         widths = range(1, len(order) + 1) if c.predictor.truncatable else [len(order)]
         width = max(widths, key=lambda w: value(gains[w - 1], w))
+        whole = (proposal, rates, keys) if c.predictor.truncatable else None
         if width == len(order) and np.array_equal(order, np.arange(len(order))):
-            return _Option(float(gains[-1]), width, c, proposal, keys)
+            return _Option(float(gains[-1]), width, c, proposal, [(c, keys, order)], whole=whole)
         kept = order[:width]
-        return _Option(float(gains[width - 1]), width, c, subset(proposal, kept), [keys[i] for i in kept])
+        part = (c, [keys[i] for i in kept], np.arange(width))
+        return _Option(float(gains[width - 1]), width, c, subset(proposal, kept), [part], whole=whole)
 
     # ---- the guard
 
@@ -230,6 +241,43 @@ class AutoProposer(Proposer):
             self.window.clear()
         elif self.step >= self.plain_until + GUARD_WINDOW:
             self.backoff = PLAIN_BACKOFF[0]  # a whole window at or above plain since the last trip
+
+
+def merged_option(options: list[_Option], value) -> _Option:
+    """The whole proposals of ``options`` merged into one token tree (shared prefixes once), cut to its most
+    valuable parent-first prefix. A node's acceptance probability is the same event whoever proposed it;
+    where two proposers propose the same path, the likelier estimate is kept."""
+    tokens, parents, rates, index, parts = [], [], [], {}, []
+    for option in options:
+        proposal, node_rates, keys = option.whole
+        mapped = np.zeros(len(proposal.tokens), dtype=np.int64)
+        for i in prefix_order(proposal, node_rates):
+            parent = i - 1 if proposal.parents is None else int(proposal.parents[i])  # a chain's node 0: -1
+            at = (-1 if parent < 0 else int(mapped[parent]), int(proposal.tokens[i]))
+            node = index.get(at)
+            if node is None:
+                node = index[at] = len(tokens)
+                tokens.append(at[1])
+                parents.append(at[0])
+                rates.append(float(node_rates[i]))
+            else:
+                rates[node] = max(rates[node], float(node_rates[i]))
+            mapped[i] = node
+        parts.append((option.candidate, keys, mapped))
+    names = "+".join(o.candidate.name for o in options)
+    tree = Proposal(np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64), source=names)
+    rates = np.array(rates)
+    order = prefix_order(tree, rates)
+    gains = np.cumsum(rates[order])
+    width = max(range(1, len(order) + 1), key=lambda w: value(gains[w - 1], w))
+    kept = order[:width]
+    position = np.full(len(tokens), -1, dtype=np.int64)
+    position[kept] = np.arange(width)
+    cut = []
+    for c, keys, mapped in parts:
+        inside = position[mapped] >= 0
+        cut.append((c, [k for k, ok in zip(keys, inside) if ok], position[mapped][inside]))
+    return _Option(float(gains[width - 1]), width, options[0].candidate, subset(tree, kept), cut)
 
 
 def subset(proposal: Proposal, kept: np.ndarray) -> Proposal:

@@ -266,7 +266,7 @@ def _auto(res: Resources, options: dict) -> Proposer:
     costs = res.costs({c.name: c.proposer for c in candidates})
     for c in candidates:
         c.cost_s = costs.proposers.get(c.name, 0.0)
-    return AutoProposer(candidates, costs)
+    return AutoProposer(candidates, costs, trees=res.trees)
 
 
 _METHODS = (
