@@ -146,6 +146,8 @@ class AutoProposer(Proposer):
         modeled = self.costs.verify(option.width + 1, self._base)
         self.slowdown += EMA * (self._verified_s / max(modeled, 1e-9) - self.slowdown)
         self.overhead += EMA * (max(seconds - sunk - self._verified_s, 0.0) - self.overhead)
+        if self.fixed or self.step < self.plain_until:
+            return  # seeded sampling must not depend on timing; the guard's own plain steps are not judged
         self.window.append((len(emitted), seconds))
         self._guard(len(context))
 
