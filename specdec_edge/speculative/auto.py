@@ -191,7 +191,10 @@ class AutoProposer(Proposer):
                 top = sorted(mergeable, key=lambda o: -value(o.gain, o.width))[:2]
                 options.append(merged_option(top, lambda g, w: value(g, w)))
         probes = [o for o in options if o.probe]
-        chosen = probes[0] if probes else max(options, key=lambda o: value(o.gain, o.width))
+        if probes:  # the candidate verified longest ago first
+            chosen = min(probes, key=lambda o: o.candidate.chosen)
+        else:
+            chosen = max(options, key=lambda o: value(o.gain, o.width))
         for c, _, _ in chosen.parts:
             c.chosen = self.step
             if not chosen.probe:
