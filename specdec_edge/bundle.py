@@ -73,6 +73,10 @@ class GraphSpec:
     # Tree rows bit-identical to their branches run as chains. When False, a float graph differs by rounding
     # only (near-ties are logged); a quantized graph verifies only chain-shaped proposals exactly.
     tree_invariant: bool = True
+    # The graph reads the valid cache length from the attention bias's values, so the bias may span the whole
+    # capacity (later slots masked): every decode pass can then have one shape (CUDA graphs). Graphs exported
+    # before this (and the portable flavour, which slices the cache to the bias width) need past+S columns.
+    capacity_bias: bool = False
     inputs: tuple = ()
     outputs: tuple = ()
 

@@ -109,6 +109,7 @@ class Pipeline:
         spinning: bool = True,
         allow_inexact: bool = False,
         pad_to: int | None = None,
+        cuda_graph: bool = False,
         **options,
     ) -> Pipeline:
         """Load ``bundle``.
@@ -133,6 +134,8 @@ class Pipeline:
         the output (see GraphSpec.batch_invariant).
         ``pad_to``: GPU providers pad every narrower pass to this many rows so that speculative and
         plain decoding round alike (default 32; 0 turns it off; see ``runtime/ort_gpu_engine.py``).
+        ``cuda_graph`` (provider "cuda"): decode passes run as one fixed-shape pass that ONNX Runtime
+        captures once as a CUDA graph and replays (bundles exported with the ``ort`` flavour by this version).
         """
         root = Path(bundle)
         manifest = read_manifest(root)
@@ -147,6 +150,8 @@ class Pipeline:
         cpu = check_threads(threads, spinning)
         share = manifest.draft is not None or bool(heads)  # GPU engines: their CPU fallback pools must not spin
         engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
+        if cuda_graph:
+            engine["cuda_graph"] = True
         target = open_engine(root, manifest.target.graph, share_process=share, **engine)
         draft = None
         if manifest.draft is not None:

@@ -420,3 +420,69 @@ def test_gpu_engine_pipeline_is_exact_on_cpu(pad_to, tiny_bundle):
     pipe = Pipeline(ref.tokenizer, engines[0], engines[1], "draft", 4)
     for prompt in ("The quick brown fox", "def add(a, b):"):
         assert pipe.generate(prompt, max_new_tokens=24).token_ids == ref.generate(prompt, max_new_tokens=24).token_ids
+
+
+# ---- fixed-shape passes (what CUDA graphs replay), on the CPU
+@pytest.mark.parametrize("pad_to", [8, 16])
+def test_fixed_shape_passes_give_the_same_logits_bit_for_bit(pad_to, tiny_bundle, heads_bundle):
+    """Every pass of <= pad_to rows runs with [1, pad_to] inputs and a bias over the whole capacity; the graph
+    reads the valid length from the bias's values, so logits and cache equal the variable-shape engine's."""
+    for bundle in (tiny_bundle, heads_bundle):
+        graph = read_manifest(bundle).target.graph
+        assert graph.capacity_bias
+        engines = [
+            OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=pad_to, **kw)
+            for kw in ({}, {"fixed_shape": True})
+        ]
+        want, got = drive(engines[0]), drive(engines[1])
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(engines[0].cache.numpy(), engines[1].cache.numpy())
+        assert engines[1].fixed_passes == engines[1].passes == 5  # the 7-token prefill too (<= pad_to)
+
+
+def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bundle):
+    """Generation through fixed-shape passes equals plain CPU decoding, for a chain (pld), a tree (lookahead)
+    and hidden-state heads (eagle); only passes wider than pad_to (long prefill) run outside the fixed shape."""
+    for bundle, methods in ((tiny_bundle, ("plain", "pld", "lookahead")), (heads_bundle, ("eagle",))):
+        graph = read_manifest(bundle).target.graph
+        engine = OrtGpuEngine(
+            bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=16, fixed_shape=True
+        )
+        ref = Pipeline.load(bundle, method="plain", threads=1)
+        for method in methods:
+            pipe = Pipeline(ref.tokenizer, engine, None, method, 4, heads=ref.heads if method == "eagle" else None)
+            for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
+                want = ref.generate(prompt, max_new_tokens=24).token_ids
+                assert pipe.generate(prompt, max_new_tokens=24).token_ids == want, (method, prompt)
+        assert engine.fixed_passes == engine.passes > 0
+
+
+def test_fixed_shape_and_cuda_graph_are_refused_with_the_fix(tiny_bundle, portable_bundle):
+    import dataclasses
+
+    graph = read_manifest(tiny_bundle).target.graph
+    path = tiny_bundle / graph.path
+    old = dataclasses.replace(graph, capacity_bias=False)  # a bundle exported before fixed-shape passes
+    with pytest.raises(SpecdecError, match="Re-export"):
+        OrtGpuEngine(path, old, provider="cpu", device="cpu", pad_to=8, fixed_shape=True)
+    portable = read_manifest(portable_bundle).target.graph
+    assert not portable.capacity_bias
+    with pytest.raises(SpecdecError, match="pad_to > 0"):
+        OrtGpuEngine(path, graph, provider="cpu", device="cpu", pad_to=0, fixed_shape=True)
+    with pytest.raises(SpecdecError, match="provider 'cuda'"):
+        OrtGpuEngine(path, graph, provider="cpu", device="cpu", pad_to=8, cuda_graph=True)
+    with pytest.raises(SpecdecError, match="in-place cache"):
+        OrtGpuEngine(path, graph, provider="cpu", device="cpu", pad_to=8, fixed_shape=True, ping_pong=True)
+    with pytest.raises(SpecdecError, match="provider 'cuda'"):
+        Pipeline.load(tiny_bundle, method="plain", cuda_graph=True)
+
+
+def test_widen_bias_masks_the_rest_of_the_cache():
+    from specdec_edge.runtime.base import StepInputs, causal_bias, widen_bias
+
+    step = StepInputs(np.array([[7, 8]]), np.array([[3, 4]]), causal_bias(3, 2), keep=2)
+    wide = widen_bias(step, 10)
+    assert wide.bias.shape == (1, 1, 2, 10)
+    np.testing.assert_array_equal(wide.bias[..., :5], step.bias)
+    assert np.isneginf(wide.bias[..., 5:]).all()

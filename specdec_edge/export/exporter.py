@@ -209,7 +209,8 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
         hidden_size=cfg.hidden_size,
         cache=CacheSpec(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, cache_dtype),
         has_hidden_states=hidden_states,
-        inputs=contract_inputs(cfg, capacity, cache_dtype),
+        capacity_bias=flavour == "ort",
+        inputs=contract_inputs(cfg, capacity, cache_dtype, flavour),
         outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states),
     )
     with prog.stage(f"[{role}] batch invariance (widths 1-8, tree; bit for bit)"):
@@ -234,7 +235,7 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
     }
 
 
-def contract_inputs(cfg, capacity, cache_dtype) -> tuple:
+def contract_inputs(cfg, capacity, cache_dtype, flavour="ort") -> tuple:
     cache = [
         {
             "name": f"past_key_values.{i}.{kind}",
@@ -251,8 +252,13 @@ def contract_inputs(cfg, capacity, cache_dtype) -> tuple:
             {
                 "name": "attention_bias",
                 "dtype": "float32",
-                "shape": ["batch", 1, "seq", "past+seq"],
-                "meaning": "0 = attend, -inf = masked; columns are cache slots 0..past-1 then the new tokens",
+                "shape": ["batch", 1, "seq", "past+seq" if flavour == "portable" else "past+seq | capacity"],
+                "meaning": "0 = attend, -inf = masked; columns are cache slots 0..past-1 then the new tokens"
+                + (
+                    ""
+                    if flavour == "portable"
+                    else "; may extend to the capacity with later columns masked (the last row must attend to itself)"
+                ),
             },
             {
                 "name": "logits_to_keep",

@@ -10,7 +10,8 @@ Two flavours over the same contract (see docs/DESIGN.md):
   over the first ``past+S`` slots.
 
 Both take ``attention_bias`` ``[B, 1, S, past+S]`` (0 = attend, -inf = masked) so a tree
-of draft tokens (siblings sharing a position id) is verified in one pass.
+of draft tokens (siblings sharing a position id) is verified in one pass. The ``ort`` flavour also
+takes it as wide as the cache capacity (``GraphSpec.capacity_bias``): fixed-shape decode passes.
 """
 
 from __future__ import annotations
@@ -253,9 +254,24 @@ def build_decoder(
         far = b.op("GreaterOrEqual", b.op("Sub", qpos, kpos), b.const(cfg.sliding_window))
         biases["sliding_attention"] = b.op("Where", far, b.const(-np.inf, wdt), bias)
     if flavour == "ort":
-        total32 = b.op("Cast", total, to=TensorProto.INT32)
-        batch = b.op("Gather", b.op("Shape", "input_ids"), b.const([0]), axis=0)
-        seqlens_k = b.op("Expand", b.op("Sub", total32, b.const(1, np.int32)), batch)
+        # GroupQueryAttention writes the new K/V at slots seqlens_k+1-S .. seqlens_k and attends up to seqlens_k.
+        # seqlens_k is read from the bias's values, not its width: the last slot that some row attends to
+        # (every new token attends to itself). So the bias may also span the whole capacity with later slots
+        # masked, which gives every decode pass one shape (CUDA graphs: runtime/ort_gpu_engine.py).
+        total32 = b.op("Cast", total, to=TensorProto.INT32)  # the bias width
+        seen = b.op("ReduceMax", "attention_bias", axes=[1, 2], keepdims=0)  # [B, T]: 0 where some row attends
+        slot_no = b.op(
+            "Slice",
+            b.const(np.arange(1, capacity + 1), np.float32),
+            b.const([0]),
+            b.op("Unsqueeze", total, b.const([0])),
+        )
+        attended = b.op("Where", b.op("Greater", seen, b.const(-np.inf, np.float32)), slot_no, b.const(0, np.float32))
+        seqlens_k = b.op(  # [B] int32: the last attended slot
+            "Cast",
+            b.op("Sub", b.op("ReduceMax", attended, axes=[1], keepdims=0), b.const(1, np.float32)),
+            to=TensorProto.INT32,
+        )
         rope = {
             t: (b.init(f"cos_cache.{t}", c.astype(wdt)), b.init(f"sin_cache.{t}", s.astype(wdt)))
             for t, (c, s) in cfg.rope.items()

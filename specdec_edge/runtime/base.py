@@ -85,6 +85,20 @@ def pad_step(step: StepInputs, width: int, past: int) -> StepInputs:
     return StepInputs(ids, positions, bias, step.keep + pad)
 
 
+def widen_bias(step: StepInputs, capacity: int, out: np.ndarray | None = None) -> StepInputs:
+    """``step`` with its bias [1, 1, S, past+S] extended to [1, 1, S, capacity], the extra columns masked.
+
+    For graphs that read the valid length from the bias's values (``GraphSpec.capacity_bias``): with
+    every pass padded to one width, every input then has one shape, pass after pass (CUDA graphs).
+    ``out``: a reused [1, 1, S, capacity] buffer to fill.
+    """
+    seq, width = step.ids.shape[1], step.bias.shape[-1]
+    bias = np.empty((1, 1, seq, capacity), np.float32) if out is None else out
+    bias[..., :width] = step.bias
+    bias[..., width:] = -np.inf
+    return StepInputs(step.ids, step.positions, bias, step.keep)
+
+
 class Engine(ABC):
     """One decoder graph with a fixed-capacity KV cache whose valid length the host holds.
 

@@ -39,6 +39,7 @@ def open_engine(
     share_process: bool = False,
     role: str = "target",
     pad_to: int | None = None,
+    cuda_graph: bool = False,
 ) -> Engine:
     """The engine of ``provider`` over one bundle graph (see the table in this module's docstring).
 
@@ -46,10 +47,16 @@ def open_engine(
     process shares one spinning pool). ``share_process`` (GPU engines only): other sessions run in
     this process, so the session's CPU fallback pool does not spin. ``pad_to``: GPU engines pad
     narrower passes to this many rows so that speculative and plain decoding round alike
-    (``ort_gpu_engine``; default 32, 0 = off); the CPU engine needs no padding.
+    (``ort_gpu_engine``; default 32, 0 = off); the CPU engine needs no padding. ``cuda_graph`` (provider
+    ``cuda``): replay decode passes as one captured CUDA graph (``ort_gpu_engine``).
     """
     if provider not in BACKENDS:
         raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(BACKENDS)}.")
+    if cuda_graph and provider != "cuda":
+        raise SpecdecError(
+            f"CUDA graphs are an option of provider 'cuda' (ONNX Runtime's CUDA EP), not {provider!r}; "
+            "drop cuda_graph or use provider='cuda'."
+        )
     if provider == "cpu":
         return OrtEngine(root / graph.path, graph, provider=provider, threads=threads, spinning=spinning)
     if provider == "trt":
@@ -59,5 +66,12 @@ def open_engine(
     from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 
     return OrtGpuEngine.from_bundle(
-        root, role, graph, provider=provider, threads=threads, share_process=share_process, pad_to=pad_to
+        root,
+        role,
+        graph,
+        provider=provider,
+        threads=threads,
+        share_process=share_process,
+        pad_to=pad_to,
+        cuda_graph=cuda_graph,
     )

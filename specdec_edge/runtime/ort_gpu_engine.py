@@ -30,8 +30,16 @@ chunks, trees over 32 nodes) run as they are. ``pad_to=0`` turns it off.
 fp32 graphs run with TF32 off (ONNX Runtime's CUDA EP enables TF32 matrix products by default,
 which rounds fp32 inputs to 10-bit mantissas).
 
-CUDA graphs (``enable_cuda_graph``) are not used: they need every input shape fixed, and the
-attention bias grows by one column per token.
+CUDA graphs (``cuda_graph=True``, provider ``cuda``): a small model's decode step is bound by kernel
+launches and host work, not by the GPU. ONNX Runtime can capture one step's kernels as a CUDA graph
+and replay it (``enable_cuda_graph``), but only while every input and output keeps its shape and
+device address. So every pass of at most ``pad_to`` rows runs as one fixed-shape pass: padded to
+``pad_to`` rows, its attention bias widened to the whole cache capacity (``base.widen_bias``; the
+graph reads the valid length from the bias's values, ``GraphSpec.capacity_bias``), all ``pad_to``
+logits rows kept, and its inputs and outputs in device buffers bound once (``_FixedPass``); the host
+only copies new values into them. Wider passes (prefill chunks, trees over ``pad_to`` nodes, the
+last slots of the cache) run as before, outside the graph (``gpu_graph_id`` -1). ``fixed_shape=True``
+runs the same fixed-shape passes without a graph, on any device (the CPU tests).
 
 ``device="cpu"`` runs the same code on the CPU (tests; no GPU needed).
 """
@@ -45,7 +53,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step
+from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step, widen_bias
 from specdec_edge.runtime.prebuilt import engine_cache_dir, find_prebuilt
 from specdec_edge.runtime.sessions import bind_host_outputs, create_session, require_provider, session_options
 from specdec_edge.runtime.trt_profiles import tensorrt_ep_options
@@ -119,6 +127,8 @@ class OrtGpuEngine(Engine):
         provider_options: dict | None = None,
         ping_pong: bool | None = None,
         pad_to: int | None = None,
+        cuda_graph: bool = False,
+        fixed_shape: bool | None = None,
     ):
         self.graph = graph
         self.device = device  # device 0 of its kind
@@ -132,6 +142,11 @@ class OrtGpuEngine(Engine):
                 )
             provider_options = {**({"use_tf32": "0"} if graph.dtype == "fp32" else {}), **(provider_options or {})}
         self.pad_to = (0 if device == "cpu" else PAD_TO) if pad_to is None else pad_to
+        self._slabs = (2 if provider == "tensorrt" else 1) if ping_pong is None else (2 if ping_pong else 1)
+        fixed = cuda_graph if fixed_shape is None else fixed_shape
+        check_fixed_shape(graph, provider, cuda_graph, fixed, self.pad_to, self._slabs)
+        if cuda_graph:
+            provider_options = {**(provider_options or {}), "enable_cuda_graph": "1"}
         self.session = create_session(model_path, session_options(threads, share_process), provider, provider_options)
         self._compactor = create_session(
             compaction_model(graph.cache.dtype), session_options(1, True), "cpu" if provider == "cpu" else "cuda"
@@ -140,16 +155,24 @@ class OrtGpuEngine(Engine):
         self.capacity = spec.capacity
         self.length = 0
         self._dtype = np.float16 if spec.dtype == "float16" else np.float32
-        self._slabs = (2 if provider == "tensorrt" else 1) if ping_pong is None else (2 if ping_pong else 1)
         self._slab_shape = [spec.num_layers, 2, 1, spec.num_kv_heads, spec.capacity, spec.head_dim]
         self._buffer_shape = [1, spec.num_kv_heads, spec.capacity, spec.head_dim]
-        self.cache = ort.OrtValue.ortvalue_from_shape_and_type([self._slabs, *self._slab_shape], self._dtype, device, 0)
+        shape = [self._slabs, *self._slab_shape]
+        self.cache = ort.OrtValue.ortvalue_from_shape_and_type(shape, self._dtype, device, 0)
+        self.cache.update_inplace(np.zeros(shape, self._dtype))  # slots never written stay finite
         self._buffer_bytes = int(np.prod(self._buffer_shape)) * np.dtype(self._dtype).itemsize
         self._slab_bytes = self._buffer_bytes * spec.num_layers * 2
         # binding[s]: reads slab s, writes slab (s + 1) % slabs; the current slab holds the valid cache.
         self._bindings = [self._bind_cache(s, (s + 1) % self._slabs) for s in range(self._slabs)]
         self._current = 0
         self._out_buffers: dict = {}
+        self._fixed = _FixedPass(self) if fixed else None
+        self._graph_id = self._no_graph = None  # run options: replay the captured graph / run outside it
+        if cuda_graph:
+            self._graph_id, self._no_graph = ort.RunOptions(), ort.RunOptions()
+            self._graph_id.add_run_config_entry("gpu_graph_id", "1")  # 0 is ONNX Runtime's own
+            self._no_graph.add_run_config_entry("gpu_graph_id", "-1")
+        self.passes = self.fixed_passes = 0  # passes run, and those of them run as the fixed-shape pass
 
     @classmethod
     def from_bundle(
@@ -162,6 +185,7 @@ class OrtGpuEngine(Engine):
         threads: int | None = None,
         share_process: bool = False,
         pad_to: int | None = None,
+        cuda_graph: bool = False,
     ) -> OrtGpuEngine:
         """CUDA EP over the bundle's graph; TensorRT EP over a matching prebuilt EPContext model if the
         bundle has one (``build-engines``), else over the ONNX graph with a per-user engine cache."""
@@ -181,6 +205,7 @@ class OrtGpuEngine(Engine):
             share_process=share_process,
             provider_options=options,
             pad_to=pad_to,
+            cuda_graph=cuda_graph,
         )
 
     def _pointer(self, slab: int, layer: int, k: int) -> int:
@@ -219,6 +244,11 @@ class OrtGpuEngine(Engine):
         """Compute S new tokens after the committed cache; their K/V land in slots length..length+S-1."""
         step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
         seq, keep = step.ids.shape[1], step.keep
+        self.passes += 1
+        if self._fixed is not None and seq <= self.pad_to <= self.capacity - self.length:
+            self.fixed_passes += 1
+            logits, hidden = self._fixed.run(pad_step(step, self.pad_to, self.length))
+            return StepOutput(logits[seq - keep : seq], None if hidden is None else hidden[:seq])
         if seq < self.pad_to <= self.capacity - self.length:
             step = pad_step(step, self.pad_to, self.length)
         binding = self._bindings[self._current]
@@ -227,7 +257,7 @@ class OrtGpuEngine(Engine):
         binding.bind_cpu_input("attention_bias", step.bias)
         binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
         logits, hidden = bind_host_outputs(binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._no_graph)
         self._current = (self._current + 1) % self._slabs
         return StepOutput(logits[0, :keep], None if hidden is None else hidden[0, :seq])
 
@@ -240,3 +270,68 @@ class OrtGpuEngine(Engine):
         binding.bind_cpu_input("src", src)
         binding.bind_cpu_input("dst", dst.reshape(1, 1, 1, 1, -1, 1))
         self._compactor.run_with_iobinding(binding)
+
+
+def check_fixed_shape(graph: GraphSpec, provider: str, cuda_graph: bool, fixed: bool, pad_to: int, slabs: int) -> None:
+    """Refuse CUDA graphs / fixed-shape passes where they cannot work, with the fix."""
+    if cuda_graph and provider != "cuda":
+        raise SpecdecError(
+            f"CUDA graphs are an option of provider 'cuda' (ONNX Runtime's CUDA EP), not {provider!r}; "
+            "drop cuda_graph or use provider='cuda'."
+        )
+    if not fixed:
+        return
+    if not graph.capacity_bias:
+        raise SpecdecError(
+            f"this bundle's {graph.flavour!r} graph takes its attention bias only as wide as the tokens it attends "
+            "to, so its decode passes cannot keep one shape (needed for CUDA graphs). Re-export it with this "
+            "version (--flavour ort, --dtype fp16), or load it without cuda_graph."
+        )
+    if pad_to <= 0:
+        raise SpecdecError("fixed-shape passes (CUDA graphs) pad every decode pass to pad_to rows: use pad_to > 0.")
+    if slabs != 1:
+        raise SpecdecError("fixed-shape passes (CUDA graphs) need the in-place cache of provider 'cuda'.")
+
+
+class _FixedPass:
+    """The one fixed-shape pass of an engine: [1, W] ids and positions, a [1, 1, W, capacity] bias and all W
+    logits rows (W = ``pad_to``), in buffers on the engine's device that are bound once, so that a captured CUDA
+    graph finds them at the same addresses every step; each pass copies new values into them."""
+
+    def __init__(self, engine: OrtGpuEngine):
+        width, graph, device = engine.pad_to, engine.graph, engine.device
+        self.engine = engine
+
+        def buffer(shape, dtype):
+            value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, 0)
+            value.update_inplace(np.zeros(shape, dtype))
+            return value
+
+        self.inputs = {
+            "input_ids": buffer((1, width), np.int64),
+            "position_ids": buffer((1, width), np.int64),
+            "attention_bias": buffer((1, 1, width, engine.capacity), np.float32),
+        }
+        self.outputs = {"logits": buffer((1, width, graph.vocab_size), np.float32)}
+        if graph.has_hidden_states:
+            self.outputs["hidden_states"] = buffer((1, width, graph.hidden_size), np.float32)
+        self.bias = np.empty((1, 1, width, engine.capacity), np.float32)  # host side, refilled each pass
+        self.binding = engine._bind_cache(0, 0)  # in place: one slab
+        for name, value in self.inputs.items():
+            self.binding.bind_ortvalue_input(name, value)
+        # A shape value read on the host (it sizes the logits): constant, so the graph may bake it in.
+        self.binding.bind_cpu_input("logits_to_keep", np.array([width], np.int64))
+        for name, value in self.outputs.items():
+            self.binding.bind_ortvalue_output(name, value)
+
+    def run(self, step) -> tuple:
+        """Run one padded pass (``step`` has W rows); returns logits [W, V] and hidden states [W, H] or None."""
+        engine = self.engine
+        step = widen_bias(step, engine.capacity, out=self.bias)
+        self.inputs["input_ids"].update_inplace(step.ids)
+        self.inputs["position_ids"].update_inplace(step.positions)
+        self.inputs["attention_bias"].update_inplace(step.bias)
+        engine.session.run_with_iobinding(self.binding, engine._graph_id)
+        logits = self.outputs["logits"].numpy()[0]
+        hidden = self.outputs["hidden_states"].numpy()[0] if "hidden_states" in self.outputs else None
+        return logits, hidden
