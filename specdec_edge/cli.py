@@ -328,9 +328,10 @@ def verify(bundle):
     "--backend",
     "backends",
     multiple=True,
-    type=click.Choice(["trt", "tensorrt"]),
+    type=click.Choice(["trt", "tensorrt", "trt-rtx"]),
     help="trt: TensorRT engine (provider 'trt'); tensorrt: ONNX Runtime EPContext model (provider "
-    "'tensorrt'). Repeatable; default both.",
+    "'tensorrt'); trt-rtx: TensorRT-RTX engine for RTX GPUs (provider 'trt-rtx'). Repeatable; default: "
+    "trt and tensorrt where TensorRT is installed, else trt-rtx.",
 )
 @click.option(
     "--max-verify",
@@ -344,21 +345,31 @@ def verify(bundle):
     is_flag=True,
     help="TensorRT engine that also runs on other Ampere-or-newer GPUs (somewhat slower).",
 )
-def build_engines(bundle, backends, max_verify, hardware_compatible):
-    """Build TensorRT engines for a portable-flavour bundle on this GPU, into BUNDLE/trt/<gpu>_<version>/.
+@click.option(
+    "--compute-capability",
+    "compute_capabilities",
+    multiple=True,
+    metavar="X.Y",
+    help="trt-rtx: build ahead of time for GPUs of this compute capability (e.g. 8.9; repeatable), on any "
+    "machine, no GPU needed. Default: this machine's GPU.",
+)
+def build_engines(bundle, backends, max_verify, hardware_compatible, compute_capabilities):
+    """Build TensorRT or TensorRT-RTX engines for a portable-flavour bundle, into BUNDLE/trt/<gpu>_<version>/.
 
     \b
     Example:
       specdec-edge build-engines bundles/trt
       specdec-edge generate bundles/trt --provider tensorrt --prompt "Hello"
+      specdec-edge build-engines bundles/trt --backend trt-rtx --compute-capability 8.9
     """
     from specdec_edge.export.build_engines import build_engines as run
 
     folder = run(
         bundle,
-        backends=backends or ("trt", "tensorrt"),
+        backends=backends or None,
         max_verify=max_verify,
         hardware_compatible=hardware_compatible,
+        compute_capabilities=compute_capabilities,
         echo=click.echo,
     )
     click.echo(f"Wrote engines to {folder}")

@@ -69,9 +69,18 @@ def trt_missing() -> str | None:
     return gpu_missing()
 
 
+@functools.cache
+def trt_rtx_missing() -> str | None:
+    """Why `trt_rtx` tests cannot run here, or None: they need the tensorrt_rtx module (`[trt-rtx]` extra).
+    It imports and builds engines ahead of time without a GPU; tests that run engines are also marked `gpu`."""
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        return "the tensorrt_rtx Python package is not installed (pip install 'specdec-edge[trt-rtx]')"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for marker, missing in (("gpu", gpu_missing), ("trt", trt_missing)):
+        for marker, missing in (("gpu", gpu_missing), ("trt", trt_missing), ("trt_rtx", trt_rtx_missing)):
             if item.get_closest_marker(marker) and (reason := missing()):
                 item.add_marker(pytest.mark.skip(reason=f"needs {marker}: {reason}"))
 

@@ -110,25 +110,25 @@ SIDECAR = {
 
 
 def test_sidecar_accepts_the_machine_it_was_built_on():
-    check_sidecar(SIDECAR, trt_version="10.3.0", compute_capability="8.7", source_sha256="abc")
+    check_sidecar(SIDECAR, version="10.3.0", compute_capability="8.7", source_sha256="abc")
     ampere = {**SIDECAR, "hardware_compatibility": "ampere_plus"}
-    check_sidecar(ampere, trt_version="10.3.0", compute_capability="9.0", source_sha256="abc")
+    check_sidecar(ampere, version="10.3.0", compute_capability="9.0", source_sha256="abc")
 
 
 @pytest.mark.parametrize(
     "sidecar,here,match",
     [
-        (SIDECAR, dict(trt_version="10.13.3", compute_capability="8.7", source_sha256="abc"), "TensorRT 10.3.0"),
-        (SIDECAR, dict(trt_version="10.3.0", compute_capability="9.0", source_sha256="abc"), "compute capability 8.7"),
+        (SIDECAR, dict(version="10.13.3", compute_capability="8.7", source_sha256="abc"), "TensorRT 10.3.0"),
+        (SIDECAR, dict(version="10.3.0", compute_capability="9.0", source_sha256="abc"), "compute capability 8.7"),
         (
             {**SIDECAR, "hardware_compatibility": "ampere_plus"},
-            dict(trt_version="10.3.0", compute_capability="7.5", source_sha256="abc"),
+            dict(version="10.3.0", compute_capability="7.5", source_sha256="abc"),
             "Ampere and newer",
         ),
-        (SIDECAR, dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="def"), "another version"),
+        (SIDECAR, dict(version="10.3.0", compute_capability="8.7", source_sha256="def"), "another version"),
         (
             {**SIDECAR, "format": 99},
-            dict(trt_version="10.3.0", compute_capability="8.7", source_sha256="abc"),
+            dict(version="10.3.0", compute_capability="8.7", source_sha256="abc"),
             "format",
         ),
     ],
@@ -174,12 +174,12 @@ def test_build_engines_writes_engines_and_manifest_atomically(tmp_path, portable
     """The bundle bookkeeping of build-engines, with the two GPU builders replaced by file writers."""
     from specdec_edge.export import build_engines
 
-    monkeypatch.setattr(build_engines, "import_tensorrt", lambda: types.SimpleNamespace(__version__="10.3.0"))
+    monkeypatch.setattr(build_engines, "import_library", lambda lib: types.SimpleNamespace(__version__="10.3.0"))
     monkeypatch.setattr(build_engines, "gpu_info", lambda: {"name": "NVIDIA Jetson Orin", "compute_capability": "8.7"})
     monkeypatch.setattr(build_engines, "build_plan", lambda src, graph, out, **kw: out.write_bytes(b"plan"))
     monkeypatch.setattr(build_engines, "build_ep_context", lambda src, graph, out, **kw: out.write_bytes(b"ctx"))
     bundle = Path(shutil.copytree(portable_bundle, tmp_path / "bundle"))
-    folder = build_engines.build_engines(bundle, max_verify=16, echo=lambda line: None)
+    folder = build_engines.build_engines(bundle, backends=("trt", "tensorrt"), max_verify=16, echo=lambda line: None)
     assert folder == bundle / "trt/nvidia-jetson-orin_10.3.0"
     assert sorted(p.name for p in folder.iterdir()) == [
         "target.epctx.onnx",
@@ -193,6 +193,7 @@ def test_build_engines_writes_engines_and_manifest_atomically(tmp_path, portable
     assert {(e["kind"], e["role"]) for e in engines} == {("tensorrt", "target"), ("ort-epcontext", "target")}
     plan = json.loads((folder / "target.plan.json").read_text())
     assert plan["profile"]["input_ids"][2] == [1, 64] and plan["precision"] == "fp32"
+    assert (plan["library"], plan["library_version"], plan["compute_capabilities"]) == ("tensorrt", "10.3.0", ["8.7"])
     assert plan["source_sha256"] == read_manifest(bundle).files["target/model.onnx"]["sha256"]
 
     def fail(*args, **kwargs):

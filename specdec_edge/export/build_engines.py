@@ -1,18 +1,22 @@
-"""`specdec-edge build-engines`: build TensorRT engines for a bundle on the device that will run them.
+"""`specdec-edge build-engines`: build TensorRT / TensorRT-RTX engines for a bundle.
 
-Two kinds, written to ``BUNDLE/trt/<gpu>_<tensorrt version>/`` and listed in the manifest's
+Three kinds (backends), written to ``BUNDLE/trt/<gpu>_<version>/`` and listed in the manifest's
 ``engines`` (see ``runtime/prebuilt.py``), each with a JSON sidecar:
 
 * ``trt``: a serialized TensorRT engine built with the TensorRT Python API from the portable
   graph: a strongly typed network (the graph's own fp16/fp32 types decide precision; no
   deprecated precision flags), one optimization profile (S from 1 to the largest pass, bias
   width up to the cache capacity; ``logits_to_keep`` as a shape value), optionally
-  hardware-compatible with Ampere and newer. Run by provider ``trt``.
+  hardware-compatible with Ampere and newer. Run by provider ``trt``. Built on the GPU that runs it.
 * ``tensorrt``: an ONNX Runtime EPContext model (``ep.context_enable``, embed mode 1: the
   engine inside the .onnx) made by the TensorRT EP with the options of
   ``runtime.trt_profiles.tensorrt_ep_options``. Run by provider ``tensorrt``.
+* ``trt-rtx``: the same network built by TensorRT-RTX (``runtime/trt_libraries.py``) into
+  ``trt/<gpu>_rtx-<version>/``, for this machine's GPU or, ahead of time and without a GPU, for the
+  compute capabilities given (``--compute-capability 8.9``); kernels compile when it first runs.
+  Run by provider ``trt-rtx``.
 
-Needs the GPU, ``tensorrt`` (both kinds) and ``onnxruntime-gpu`` (EPContext).
+Without ``--backend``, the libraries installed decide: TensorRT's two kinds, else TensorRT-RTX's.
 """
 
 from __future__ import annotations
@@ -25,24 +29,56 @@ import tempfile
 from pathlib import Path
 
 from specdec_edge.bundle import MANIFEST, GraphSpec, read_manifest, sha256_file
-from specdec_edge.errors import ExportError
+from specdec_edge.errors import ExportError, SpecdecError
 from specdec_edge.runtime.base import MAX_VERIFY
-from specdec_edge.runtime.prebuilt import SIDECAR_FORMAT, engine_dir_name, gpu_info, import_tensorrt
+from specdec_edge.runtime.prebuilt import SIDECAR_FORMAT, engine_dir_name, gpu_info
 from specdec_edge.runtime.sessions import create_session, session_options
+from specdec_edge.runtime.trt_libraries import (
+    TENSORRT,
+    TENSORRT_RTX,
+    TrtLibrary,
+    import_library,
+    installed,
+    set_rtx_targets,
+)
 from specdec_edge.runtime.trt_profiles import shape_value_ranges, tensorrt_ep_options, tensorrt_profiles
 
-KINDS = {"trt": ("tensorrt", ".plan"), "tensorrt": ("ort-epcontext", ".epctx.onnx")}
+# backend -> (engine kind in the manifest, file suffix, library)
+KINDS = {
+    "trt": ("tensorrt", ".plan", TENSORRT),
+    "tensorrt": ("ort-epcontext", ".epctx.onnx", TENSORRT),
+    "trt-rtx": ("tensorrt-rtx", ".rtx.plan", TENSORRT_RTX),
+}
+
+
+def default_backends() -> tuple:
+    """TensorRT's two kinds where ``tensorrt`` is installed, else TensorRT-RTX's where ``tensorrt_rtx`` is."""
+    if not installed(TENSORRT) and installed(TENSORRT_RTX):
+        return ("trt-rtx",)
+    return ("trt", "tensorrt")
 
 
 def make_sidecar(
-    graph: GraphSpec, source_sha256: str, *, trt_version: str, gpu: dict, max_verify: int, hardware_compatible: bool
+    graph: GraphSpec,
+    source_sha256: str,
+    *,
+    library: TrtLibrary = TENSORRT,
+    version: str,
+    gpu: dict | None,
+    max_verify: int,
+    hardware_compatible: bool,
+    compute_capabilities: list[str] | None = None,
 ) -> dict:
-    """The build record an engine is checked against when it is loaded."""
+    """The build record an engine is checked against when it is loaded (``prebuilt.check_sidecar``)."""
+    built_cc = gpu["compute_capability"] if gpu else None
     return {
         "format": SIDECAR_FORMAT,
-        "tensorrt_version": trt_version,
-        "gpu": gpu["name"],
-        "compute_capability": gpu["compute_capability"],
+        "library": library.name,
+        "library_version": version,
+        "gpu": gpu["name"] if gpu else None,
+        "compute_capability": built_cc,
+        # TensorRT-RTX: the GPUs the engine runs on (built ahead of time for them, or for this one)
+        "compute_capabilities": list(compute_capabilities or [built_cc]),
         "hardware_compatibility": "ampere_plus" if hardware_compatible else "none",
         "precision": "fp16" if graph.dtype == "fp16" else "fp32",
         "profile": {k: [list(s) for s in v] for k, v in tensorrt_profiles(graph, max_verify).items()},
@@ -53,16 +89,19 @@ def make_sidecar(
     }
 
 
-def build_plan(onnx_path: Path, graph: GraphSpec, out: Path, *, max_verify: int, hardware_compatible: bool) -> None:
-    """Serialize a strongly typed TensorRT engine for ``graph`` to ``out``."""
-    trt = import_tensorrt()
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise ExportError(f"TensorRT could not parse {onnx_path}: {errors}")
+def builder_config(
+    trt,
+    builder,
+    network,
+    graph: GraphSpec,
+    *,
+    library: TrtLibrary,
+    max_verify: int,
+    hardware_compatible: bool = False,
+    compute_capabilities: list[str] | None = None,
+):
+    """The builder config of one engine: one optimization profile over every pass the runtime sends; TensorRT-RTX:
+    its build targets. No precision flags: the network is strongly typed (TensorRT-RTX has no such flags)."""
     config = builder.create_builder_config()
     profile = builder.create_optimization_profile()
     shapes, values = tensorrt_profiles(graph, max_verify), shape_value_ranges(graph, max_verify)
@@ -76,11 +115,45 @@ def build_plan(onnx_path: Path, graph: GraphSpec, out: Path, *, max_verify: int,
             fixed = tuple(1 if d < 0 else d for d in tensor.shape)
             profile.set_shape(tensor.name, fixed, fixed, fixed)
     config.add_optimization_profile(profile)
-    if hardware_compatible:
+    if library is TENSORRT_RTX:
+        set_rtx_targets(trt, config, compute_capabilities)
+    elif hardware_compatible:
         config.hardware_compatibility_level = trt.HardwareCompatibilityLevel.AMPERE_PLUS
+    return config
+
+
+def build_plan(
+    onnx_path: Path,
+    graph: GraphSpec,
+    out: Path,
+    *,
+    max_verify: int,
+    hardware_compatible: bool = False,
+    library: TrtLibrary = TENSORRT,
+    compute_capabilities: list[str] | None = None,
+) -> None:
+    """Serialize a strongly typed TensorRT (or TensorRT-RTX) engine for ``graph`` to ``out``."""
+    trt = import_library(library)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise ExportError(f"{library.title} could not parse {onnx_path}: {errors}")
+    config = builder_config(
+        trt,
+        builder,
+        network,
+        graph,
+        library=library,
+        max_verify=max_verify,
+        hardware_compatible=hardware_compatible,
+        compute_capabilities=compute_capabilities,
+    )
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise ExportError(f"TensorRT failed to build an engine from {onnx_path} (see its log above).")
+        raise ExportError(f"{library.title} failed to build an engine from {onnx_path} (see its log above).")
     out.write_bytes(bytes(plan))
 
 
@@ -118,17 +191,36 @@ def register_engines(root: Path, entries: list[dict]) -> None:
 def build_engines(
     bundle: str | Path,
     *,
-    backends: tuple = ("trt", "tensorrt"),
+    backends: tuple | None = None,
     max_verify: int = MAX_VERIFY,
     hardware_compatible: bool = False,
+    compute_capabilities: list[str] | tuple | None = None,
     echo=print,
 ) -> Path:
-    """Build engines of each backend for every decoder graph of ``bundle``; returns the engine folder."""
+    """Build engines of each backend for every decoder graph of ``bundle``; returns the engine folder.
+
+    ``backends``: from ``KINDS`` (default: ``default_backends()``), of one library per call.
+    ``compute_capabilities`` (``trt-rtx`` only): build ahead of time for these GPUs, e.g. ["8.9", "12.0"]; no GPU
+    is needed then. Default: this machine's GPU.
+    """
     root = Path(bundle)
     manifest = read_manifest(root)
+    backends = tuple(backends or default_backends())
     unknown = set(backends) - set(KINDS)
     if unknown or not backends:
         raise ExportError(f"unknown backend(s) {sorted(unknown)}; choose from {', '.join(KINDS)}.")
+    libraries = {KINDS[b][2] for b in backends}
+    if len(libraries) > 1:
+        raise ExportError("build TensorRT (trt, tensorrt) and TensorRT-RTX (trt-rtx) engines in separate calls.")
+    library = libraries.pop()
+    compute_capabilities = list(compute_capabilities or [])
+    if library is TENSORRT_RTX and hardware_compatible:
+        raise ExportError(
+            "--hardware-compatible is TensorRT's; TensorRT-RTX engines run on the compute capabilities they are "
+            "built for: list them with --compute-capability."
+        )
+    if library is TENSORRT and compute_capabilities:
+        raise ExportError("--compute-capability is for --backend trt-rtx; TensorRT builds for the GPU it runs on.")
     models = [m for m in (manifest.target, manifest.draft) if m is not None]
     for m in models:
         if m.graph.flavour != "portable":
@@ -136,8 +228,15 @@ def build_engines(
                 f"the {m.role} graph is the {m.graph.flavour!r} flavour; TensorRT needs standard ops: "
                 "re-export with --flavour portable (and --dtype fp16)."
             )
-    trt_version, gpu = import_tensorrt().__version__, gpu_info()
-    folder = Path("trt") / engine_dir_name(gpu["name"], trt_version)
+    version = import_library(library).__version__
+    try:
+        gpu = gpu_info()
+    except SpecdecError:
+        if not compute_capabilities:  # only an ahead-of-time TensorRT-RTX build needs no GPU
+            raise
+        gpu = None
+    where = gpu["name"] if gpu else "cc-" + "-".join(compute_capabilities)
+    folder = Path("trt") / engine_dir_name(where, version, library)
     (root / folder).mkdir(parents=True, exist_ok=True)
     # Build into a scratch folder; only finished engines move into the bundle.
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root / "trt"))
@@ -147,27 +246,31 @@ def build_engines(
             sidecar = make_sidecar(
                 m.graph,
                 manifest.files[m.graph.path]["sha256"],
-                trt_version=trt_version,
+                library=library,
+                version=version,
                 gpu=gpu,
                 max_verify=max_verify,
                 hardware_compatible=hardware_compatible,
+                compute_capabilities=compute_capabilities,
             )
             for backend in backends:
-                kind, suffix = KINDS[backend]
+                kind, suffix, _ = KINDS[backend]
                 name = f"{m.role}{suffix}"
                 echo(f"  [{m.role}] building {kind} engine {folder / name} ...")
-                if backend == "trt":
+                if backend == "tensorrt":
+                    build_ep_context(root / m.graph.path, m.graph, staging / name, max_verify=max_verify)
+                    record = {**sidecar, "hardware_compatibility": "none"}  # the EP builds for this GPU only
+                else:
                     build_plan(
                         root / m.graph.path,
                         m.graph,
                         staging / name,
                         max_verify=max_verify,
                         hardware_compatible=hardware_compatible,
+                        library=library,
+                        compute_capabilities=compute_capabilities,
                     )
                     record = sidecar
-                else:
-                    build_ep_context(root / m.graph.path, m.graph, staging / name, max_verify=max_verify)
-                    record = {**sidecar, "hardware_compatibility": "none"}  # the EP builds for this GPU only
                 (staging / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
                 entries.append(
                     {

@@ -11,11 +11,14 @@ provider       engine                                                      needs
                                                                            TensorRT libraries
 ``trt``        ``TensorRTEngine``: TensorRT directly, a prebuilt engine    ``tensorrt``,
                from ``specdec-edge build-engines``                         ``cuda-python``
+``trt-rtx``    ``TensorRTEngine``: TensorRT-RTX directly (RTX GPUs), a     ``tensorrt_rtx``,
+               prebuilt engine (``build-engines --backend trt-rtx``)       ``cuda-python``
 =============  ==========================================================  ======================
 
 Every engine implements ``runtime.base.Engine``, the one interface the decode loop sees. The
 modules below this one: ``base`` (the contract), ``sessions`` (ONNX Runtime sessions and
-providers), ``trt_profiles`` and ``prebuilt`` (TensorRT shapes and prebuilt engines), then the
+providers), ``trt_libraries``, ``trt_profiles`` and ``prebuilt`` (TensorRT and TensorRT-RTX, shapes,
+prebuilt engines), then the
 engines. Light: numpy and onnxruntime only; the GPU engines are imported when chosen.
 """
 
@@ -59,10 +62,10 @@ def open_engine(
         )
     if provider == "cpu":
         return OrtEngine(root / graph.path, graph, provider=provider, threads=threads, spinning=spinning)
-    if provider == "trt":
+    if provider in ("trt", "trt-rtx"):
         from specdec_edge.runtime.tensorrt_engine import TensorRTEngine
 
-        return TensorRTEngine.from_bundle(root, role, graph, pad_to)
+        return TensorRTEngine.from_bundle(root, role, graph, pad_to, backend=provider)
     from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 
     return OrtGpuEngine.from_bundle(

@@ -1,19 +1,22 @@
-"""Prebuilt TensorRT engines of a bundle: lookup, sidecar checks, and the TensorRT/CUDA imports.
+"""Prebuilt TensorRT and TensorRT-RTX engines of a bundle: lookup, sidecar checks, the CUDA import.
 
 ``specdec-edge build-engines BUNDLE`` (``export/build_engines.py``) writes engines into
-``trt/<gpu>_<tensorrt version>/`` and lists them in the manifest under ``engines``::
+``trt/<gpu>_<version>/`` (TensorRT-RTX: ``trt/<gpu or targets>_rtx-<version>/``) and lists them in
+the manifest under ``engines``::
 
-    {"kind": "tensorrt" | "ort-epcontext", "role": "target", "file": "trt/.../target.plan",
-     "sidecar": "trt/.../target.plan.json"}
+    {"kind": "tensorrt" | "ort-epcontext" | "tensorrt-rtx", "role": "target",
+     "file": "trt/.../target.plan", "sidecar": "trt/.../target.plan.json"}
 
-Each sidecar records the TensorRT version, the GPU's compute capability, precision, the
-optimization profile and the source graph's sha256. A serialized engine runs only under the
-TensorRT version that built it, on the compute capability it was built for (or, with a
-hardware-compatibility level, on Ampere and newer); a mismatch is an error that says to rebuild.
+Each sidecar records the library and version that built the engine (``library``,
+``library_version``), the GPU and compute capability (TensorRT-RTX: the list it was built for),
+precision, the optimization profile and the source graph's sha256. A serialized engine runs only
+under the library and version that built it, on a compute capability it was built for (or, with a
+TensorRT hardware-compatibility level, on Ampere and newer); a mismatch is an error that says so
+and says to rebuild. Sidecars of format 1 (before TensorRT-RTX) name only ``tensorrt_version``.
 
-The ``trt`` backend (``tensorrt_engine.py``) needs the ``tensorrt`` and ``cuda-python`` packages
+The ``trt`` and ``trt-rtx`` backends (``tensorrt_engine.py``) also need ``cuda-python``
 (``from cuda.bindings import runtime``, or ``from cuda import cudart`` in older releases, as the
-TensorRT samples use). Both are imported when an engine is looked up or opened, never at module import.
+TensorRT samples use). Libraries are imported when an engine is looked up or opened, never at module import.
 """
 
 from __future__ import annotations
@@ -26,20 +29,16 @@ from pathlib import Path
 
 from specdec_edge.bundle import GraphSpec, read_manifest
 from specdec_edge.errors import BundleError, SpecdecError
+from specdec_edge.runtime.trt_libraries import (
+    KIND_LIBRARY,
+    RTX_COMPUTE_CAPABILITIES,
+    TENSORRT,
+    TrtLibrary,
+    import_library,
+)
 
 REBUILD = "rebuild with `specdec-edge build-engines BUNDLE` on this device"
-SIDECAR_FORMAT = 1
-
-
-def import_tensorrt():
-    try:
-        import tensorrt
-    except ImportError:
-        raise SpecdecError(
-            "the `tensorrt` Python package is not installed; pip install tensorrt (x86/SBSA), or on Jetson use "
-            "JetPack's python3-libnvinfer (see docs/JETSON.md); or use provider 'cuda'."
-        ) from None
-    return tensorrt
+SIDECAR_FORMAT = 2  # 1: TensorRT only ("tensorrt_version"); 2: "library" and "library_version"
 
 
 def import_cudart():
@@ -50,8 +49,8 @@ def import_cudart():
             from cuda import cudart
         except ImportError:
             raise SpecdecError(
-                "provider 'trt' needs cuda-python for device memory: pip install cuda-python "
-                "(the major version matching your CUDA), or use provider 'tensorrt'/'cuda'."
+                "providers 'trt' and 'trt-rtx' need cuda-python for device memory: pip install cuda-python "
+                "(the major version matching your CUDA), or use provider 'cuda'."
             ) from None
     return cudart
 
@@ -84,25 +83,60 @@ def gpu_info() -> dict:
     return {"name": name, "compute_capability": cc}
 
 
-def engine_dir_name(gpu_name: str, trt_version: str) -> str:
-    """``trt/<gpu>_<tensorrt version>`` folder name, e.g. ``nvidia-h200_10.13.3``."""
-    return f"{re.sub(r'[^a-z0-9.]+', '-', gpu_name.lower()).strip('-')}_{trt_version}"
+def engine_dir_name(gpu_name: str, version: str, library: TrtLibrary = TENSORRT) -> str:
+    """``trt/<gpu>_<version>`` folder, e.g. ``nvidia-h200_10.13.3`` or ``nvidia-geforce-rtx-4090_rtx-1.7.1.116``."""
+    slug = re.sub(r"[^a-z0-9.]+", "-", gpu_name.lower()).strip("-")
+    return f"{slug}_{'' if library is TENSORRT else 'rtx-'}{version}"
 
 
-def check_sidecar(sidecar: dict, *, trt_version: str, compute_capability: str, source_sha256: str | None) -> None:
-    """Raise BundleError unless an engine with ``sidecar`` can run here."""
+def sidecar_library(sidecar: dict) -> tuple[str, str | None]:
+    """(library name, version) an engine was built with; format-1 sidecars are TensorRT's."""
+    if sidecar.get("format") == 1:
+        return TENSORRT.name, sidecar.get("tensorrt_version")
+    return sidecar.get("library", "?"), sidecar.get("library_version")
+
+
+def check_sidecar(
+    sidecar: dict,
+    *,
+    version: str,
+    compute_capability: str,
+    source_sha256: str | None,
+    library: TrtLibrary = TENSORRT,
+) -> None:
+    """Raise BundleError unless an engine with ``sidecar`` can run here, under ``library`` ``version``."""
     name = sidecar.get("file", "engine")
-    if sidecar.get("format") != SIDECAR_FORMAT:
+    if sidecar.get("format") not in (1, SIDECAR_FORMAT):
         raise BundleError(f"{name}: unknown engine sidecar format {sidecar.get('format')!r}; {REBUILD}.")
-    if sidecar.get("tensorrt_version") != trt_version:
+    built_lib, built_version = sidecar_library(sidecar)
+    titles = {"tensorrt": "TensorRT", "tensorrt-rtx": "TensorRT-RTX"}
+    built_title = titles.get(built_lib, built_lib)
+    if built_lib != library.name:
         raise BundleError(
-            f"{name} was built with TensorRT {sidecar.get('tensorrt_version')}, this machine has "
-            f"TensorRT {trt_version}; TensorRT engines only load in the version that built them: "
-            f"{REBUILD}."
+            f"{name} is a {built_title} engine and {library.title} cannot load it: use the provider of its library "
+            f"(TensorRT: 'trt', TensorRT-RTX: 'trt-rtx'), or {REBUILD}."
+        )
+    if built_version != version:
+        raise BundleError(
+            f"{name} was built with {built_title} {built_version}, this machine has {library.title} {version}; "
+            f"engines only load in the version that built them: {REBUILD}."
         )
     built = sidecar.get("compute_capability")
     level = sidecar.get("hardware_compatibility", "none")
-    if level == "ampere_plus":
+    if library.name == "tensorrt-rtx":
+        targets = sidecar.get("compute_capabilities") or [built]
+        if compute_capability not in targets:
+            hint = f"{REBUILD} (or with --compute-capability {compute_capability} anywhere)"
+            if compute_capability not in RTX_COMPUTE_CAPABILITIES:
+                hint = (
+                    f"TensorRT-RTX builds for {', '.join(RTX_COMPUTE_CAPABILITIES)} only (RTX GPUs); on this GPU use "
+                    "provider 'cuda' (or 'trt' with full TensorRT)"
+                )
+            raise BundleError(
+                f"{name} was built for compute capability {', '.join(targets)}; this GPU has {compute_capability}: "
+                f"{hint}."
+            )
+    elif level == "ampere_plus":
         if tuple(int(x) for x in compute_capability.split(".")) < (8, 0):
             raise BundleError(
                 f"{name} is hardware-compatible with Ampere and newer (compute capability >= 8.0); "
@@ -134,13 +168,19 @@ def find_prebuilt(
     candidates = [e for e in read_manifest(root).engines if e.get("role") == role and e.get("kind") == kind]
     if not candidates:
         if required:
+            backend = {"tensorrt": "trt", "ort-epcontext": "tensorrt", "tensorrt-rtx": "trt-rtx"}[kind]
             raise BundleError(
                 f"bundle {root} has no {kind} engine for the {role} model; build one with "
-                f"`specdec-edge build-engines {root}` on this device."
+                f"`specdec-edge build-engines {root} --backend {backend}` on this device."
             )
         return None
+    library = KIND_LIBRARY[kind]
     try:
-        here = {"trt_version": import_tensorrt().__version__, "compute_capability": gpu_info()["compute_capability"]}
+        here = {
+            "library": library,
+            "version": import_library(library).__version__,
+            "compute_capability": gpu_info()["compute_capability"],
+        }
     except SpecdecError:
         if required:
             raise

@@ -1,12 +1,16 @@
-"""The ``trt`` backend: a prebuilt TensorRT engine run through TensorRT's own API (no ONNX Runtime).
+"""The ``trt`` and ``trt-rtx`` backends: a prebuilt engine run through TensorRT's or TensorRT-RTX's own API.
 
 Engines come from ``specdec-edge build-engines`` (``export/build_engines.py``); ``prebuilt.py``
-finds the one that fits this GPU and TensorRT version. Device memory and copies go through
-cuda-python. Both packages are imported when an engine is opened, never at module import.
+finds the one that fits this GPU and library version. Device memory and copies go through
+cuda-python. The libraries are imported when an engine is opened, never at module import;
+where TensorRT-RTX differs (JIT kernels, runtime cache) see ``trt_libraries.py``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +18,21 @@ import numpy as np
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step
-from specdec_edge.runtime.prebuilt import REBUILD, cuda_check, find_prebuilt, import_cudart, import_tensorrt
+from specdec_edge.runtime.prebuilt import REBUILD, cuda_check, find_prebuilt, import_cudart
+from specdec_edge.runtime.trt_libraries import LIBRARIES, TENSORRT, check_rtx_engine, import_library, rtx_context
+
+
+def runtime_cache_path(plan: bytes) -> Path:
+    """Where TensorRT-RTX keeps the kernels it compiled for one engine (the bundle may be read-only)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-edge" / "trt-rtx"
+    return base / f"{hashlib.sha256(plan).hexdigest()[:16]}.cache"
+
+
+def _save_quietly(save) -> None:
+    try:
+        save()
+    except (OSError, RuntimeError):  # a cache that cannot be written only costs compile time next run
+        pass
 
 
 class TensorRTEngine(Engine):
@@ -27,16 +45,26 @@ class TensorRTEngine(Engine):
 
     measured_by_export = False  # every pass padded to ``pad_to`` rows instead
 
-    def __init__(self, plan_path: Path, graph: GraphSpec, sidecar: dict, pad_to: int | None = None):
-        trt, self._cudart = import_tensorrt(), import_cudart()
+    def __init__(
+        self, plan_path: Path, graph: GraphSpec, sidecar: dict, pad_to: int | None = None, backend: str = "trt"
+    ):
+        library = LIBRARIES[backend]
+        trt, self._cudart = import_library(library), import_cudart()
         cudart = self._cudart
         self.graph = graph
         cuda_check(cudart, cudart.cudaSetDevice(0))
         self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self._engine = self._runtime.deserialize_cuda_engine(Path(plan_path).read_bytes())
+        plan = Path(plan_path).read_bytes()
+        if library is not TENSORRT:
+            check_rtx_engine(trt, self._runtime, plan, Path(plan_path).name, REBUILD)
+        self._engine = self._runtime.deserialize_cuda_engine(plan)
         if self._engine is None:
-            raise BundleError(f"TensorRT could not deserialize {plan_path}; {REBUILD}.")
-        self._context = self._engine.create_execution_context()
+            raise BundleError(f"{library.title} could not deserialize {plan_path}; {REBUILD}.")
+        if library is TENSORRT:
+            self._context = self._engine.create_execution_context()
+        else:  # kernels compile just in time; the runtime cache keeps them for the next run
+            self._context, save = rtx_context(trt, self._engine, runtime_cache_path(plan))
+            weakref.finalize(self, _save_quietly, save)
         self._stream = cuda_check(cudart, cudart.cudaStreamCreate())
         spec = graph.cache
         self.capacity, self.length = spec.capacity, 0
@@ -69,9 +97,11 @@ class TensorRTEngine(Engine):
         self._current = 0
 
     @classmethod
-    def from_bundle(cls, root: Path, role: str, graph: GraphSpec, pad_to: int | None = None) -> TensorRTEngine:
-        entry = find_prebuilt(root, role, "tensorrt", graph, required=True)
-        return cls(Path(root) / entry["file"], graph, entry["sidecar_data"], pad_to)
+    def from_bundle(
+        cls, root: Path, role: str, graph: GraphSpec, pad_to: int | None = None, backend: str = "trt"
+    ) -> TensorRTEngine:
+        entry = find_prebuilt(root, role, LIBRARIES[backend].engine_kind, graph, required=True)
+        return cls(Path(root) / entry["file"], graph, entry["sidecar_data"], pad_to, backend)
 
     def _malloc(self, size: int) -> int:
         ptr = cuda_check(self._cudart, self._cudart.cudaMalloc(size))
@@ -122,7 +152,7 @@ class TensorRTEngine(Engine):
         for name, ptr in self._outputs.items():
             self._context.set_tensor_address(name, ptr)
         if not self._context.execute_async_v3(int(self._stream)):
-            raise SpecdecError("TensorRT execution failed (see the TensorRT log above); " + REBUILD + ".")
+            raise SpecdecError("engine execution failed (see the TensorRT log above); " + REBUILD + ".")
         self._current = dst
         logits = self._download("logits", (step.keep, self.vocab_size))
         hidden = None
