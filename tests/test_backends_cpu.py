@@ -292,17 +292,20 @@ def test_gpu_check_script_reports_what_is_missing():
     assert "missing" in res.stdout + res.stderr and "nvidia-smi" in res.stdout + res.stderr
 
 
-def test_gpu_check_python_half_runs_its_cpu_reference_row(tiny_llama_dir):
-    """The table code of scripts/gpu_check.py, on the CPU row every run starts with (no backend given)."""
+def test_gpu_check_python_half_runs_its_cpu_reference_row(tmp_path, tiny_llama_dir):
+    """The table code of scripts/gpu_check.py, on the CPU row every run has (no GPU backend given), written to
+    the results folder given to it."""
     res = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/gpu_check.py"), "", str(tiny_llama_dir)],
+        [sys.executable, str(ROOT / "scripts/gpu_check.py"), "", str(tmp_path / "out"), "", str(tiny_llama_dir)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=ROOT,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    row = next(line for line in res.stdout.splitlines() if line.startswith("| cpu | ort-fp32 |"))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["backends.md"]  # the GPU sections need a GPU
+    lines = (tmp_path / "out/backends.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| cpu | ort-fp32 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[5:7] == ["6/6", "6/6"] and float(cells[4]) == 0.0  # exact vs itself; pld, lookahead == plain
 

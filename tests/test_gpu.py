@@ -53,3 +53,46 @@ def test_tensorrt_engines_build_load_and_are_exact(provider, tmp_path, portable_
     plain = pipe.with_method("plain")
     for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
         assert pipe.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decoding_matches_the_cuda_engine(ort_fp16_bundle):
+    """Fixed-shape passes replayed as one CUDA graph: logits as without it (fp16 tolerance), every decode pass
+    in the graph, and greedy pld / lookahead output equal to plain output with and without graphs."""
+    graph = read_manifest(ort_fp16_bundle).target.graph
+    want = drive(OrtGpuEngine(ort_fp16_bundle / graph.path, graph, provider="cuda"))
+    engine = OrtGpuEngine(ort_fp16_bundle / graph.path, graph, provider="cuda", cuda_graph=True)
+    got = drive(engine)
+    for a, b in zip(want, got):
+        assert np.abs(a - b).max() <= 3e-2 * np.abs(a).max()
+    assert engine.fixed_passes == engine.passes
+    plain = Pipeline.load(ort_fp16_bundle, provider="cuda", method="plain")
+    graphed = Pipeline.load(ort_fp16_bundle, provider="cuda", method="plain", cuda_graph=True)
+    for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
+        want = plain.generate(prompt, max_new_tokens=24).token_ids
+        assert graphed.generate(prompt, max_new_tokens=24).token_ids == want
+        for method in ("pld", "lookahead"):
+            assert graphed.with_method(method).generate(prompt, max_new_tokens=24).token_ids == want
+
+
+@pytest.mark.gpu
+@pytest.mark.trt_rtx
+def test_trt_rtx_engine_builds_loads_and_is_exact(tmp_path, portable_bundle):
+    """TensorRT-RTX on this GPU; where its support matrix leaves the GPU out (Hopper), the refusal is the result."""
+    from specdec_edge.errors import SpecdecError
+    from specdec_edge.export.build_engines import build_engines
+    from specdec_edge.runtime.prebuilt import gpu_info
+    from specdec_edge.runtime.trt_libraries import RTX_COMPUTE_CAPABILITIES
+
+    bundle = Path(shutil.copytree(portable_bundle, tmp_path / "bundle"))
+    cc = gpu_info()["compute_capability"]
+    try:
+        build_engines(bundle, backends=("trt-rtx",), max_verify=16)
+    except SpecdecError as e:
+        if cc not in RTX_COMPUTE_CAPABILITIES:
+            pytest.skip(f"TensorRT-RTX refused compute capability {cc}: {e}")
+        raise
+    pipe = Pipeline.load(bundle, provider="trt-rtx", method="pld", k=4)
+    plain = pipe.with_method("plain")
+    for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
+        assert pipe.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
