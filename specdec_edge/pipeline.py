@@ -128,7 +128,8 @@ class Pipeline:
         session of the process shares one spinning thread pool, the fastest measured; False gives
         each session a pool that sleeps between ops, leaving the CPU idle (``runtime/threads.py``).
         ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or
-        "trt" (TensorRT engines from `specdec-edge build-engines`); see ``runtime/factory.py``.
+        "trt" / "trt-rtx" (TensorRT / TensorRT-RTX engines from `specdec-edge build-engines`); see
+        ``runtime/factory.py``.
         ``allow_inexact``: permit speculation on a bundle that failed the export-time batch-invariance
         check (bundles of older versions with int8/int4 weights), whose batched verification can change
         the output (see GraphSpec.batch_invariant).
