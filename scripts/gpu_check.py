@@ -6,7 +6,8 @@ most decisive first, so that a run cut short still leaves its results:
 2. cuda_graphs.md: plain greedy decoding in ms per token on the CUDA EP (fp16 ``ort`` bundle), without and with
    CUDA graphs, and whether the tokens are the same.
 3. bench_real.md/.json (MODEL given: the SmolLM2 GGUF): the real checkpoint in fp16 with the shipped EAGLE head
-   on the CUDA EP with CUDA graphs, plain / pld / eagle (wider tree) / lookahead over 26 Spec-Bench prompts.
+   on the CUDA EP with CUDA graphs, plain / pld / eagle (wider tree) / lookahead / auto over 26 Spec-Bench
+   prompts (auto: which proposer, width and tree it chooses from the GPU's measured pass costs).
 4. backends.md: per backend and bundle kind, logits against the CPU reference, pld (a chain) and lookahead (a
    tree) == plain greedy output, and speeds (random weights in SmolLM2-135M's shape).
 
@@ -217,9 +218,8 @@ def main() -> int:
             write(out, "cuda_graphs.md", table(head, rows))
             pipe = Pipeline.load(real, provider="cuda", method="plain", cuda_graph=True)
             options = {"eagle": {"topk": 4, "nodes": 16, "depth": 6}}
-            report = run_bench(
-                pipe, ["plain", "pld", "eagle", "lookahead"], load_prompts(), options=options, progress=False
-            )
+            methods = ["plain", "pld", "eagle", "lookahead", "auto"]  # auto: its choices under the GPU's costs
+            report = run_bench(pipe, methods, load_prompts(), options=options, progress=False)
             (out / "bench_real.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
             write(
                 out,

@@ -169,7 +169,10 @@ class Pipeline:
             options,
             heads=load_head_graphs(root, heads, cpu),
             allow_inexact=allow_inexact,
-            cost_key=CostKey.for_bundle(root, provider, cpu.threads, cpu.spinning),
+            # CUDA graphs change what a pass costs: their measurements are cached apart
+            cost_key=CostKey.for_bundle(
+                root, provider + ("+cuda-graph" if cuda_graph else ""), cpu.threads, cpu.spinning
+            ),
         )
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
