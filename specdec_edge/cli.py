@@ -433,10 +433,12 @@ def demo(prompt, method, k, max_new_tokens, dtype, threads):
 def _register_runtime_commands() -> None:
     from specdec_edge.cli_bench import bench
     from specdec_edge.cli_run import chat, generate
+    from specdec_edge.cli_serve import serve
 
     main.add_command(chat)
     main.add_command(generate)
     main.add_command(bench)
+    main.add_command(serve)
 
 
 _register_runtime_commands()

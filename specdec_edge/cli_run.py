@@ -13,8 +13,8 @@ from specdec_edge.speculative.methods import METHODS, options_help
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def generation_options(f):
-    """The options shared by `chat` and `generate`."""
+def pipeline_options(f):
+    """The options that load a pipeline: shared by `chat`, `generate` and `serve`."""
     options = [
         click.argument("bundle", type=click.Path()),
         click.option(
@@ -34,17 +34,6 @@ def generation_options(f):
             help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for "
             "auto, which verifies only the part worth its cost; 4 for the others).",
         ),
-        click.option(
-            "--max-new-tokens",
-            type=click.IntRange(min=1),
-            default=256,
-            show_default=True,
-            help="Stop after this many new tokens.",
-        ),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 turns it off."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 turns it off."),
-        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
         click.option(
             "--threads",
             type=click.IntRange(min=1),
@@ -84,6 +73,26 @@ def generation_options(f):
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def generation_options(f):
+    """The options shared by `chat` and `generate`: the pipeline's, then how to sample."""
+    options = [
+        click.option(
+            "--max-new-tokens",
+            type=click.IntRange(min=1),
+            default=256,
+            show_default=True,
+            help="Stop after this many new tokens.",
+        ),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 turns it off."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 turns it off."),
+        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return pipeline_options(f)
 
 
 def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False):

@@ -94,3 +94,17 @@ def test_layers_import_downwards_only():
             if module == layer or module.startswith(layer + "."):
                 bad = [e for e in edges if e.split(".")[1] in forbidden]
                 assert not bad, f"{module} imports {bad}, a layer above it"
+
+
+def test_the_server_is_a_client_of_the_pipeline():
+    """specdec_edge.serve reaches the engines and the loop only through Pipeline (docs/DESIGN.md)."""
+    graph = import_graph()
+    allowed = {"specdec_edge.errors", "specdec_edge.streaming", "specdec_edge.pipeline"}
+    serve = {name: edges for name, edges in graph.items() if name.startswith("specdec_edge.serve")}
+    assert len(serve) >= 4
+    for name, edges in serve.items():
+        bad = [e for e in edges if not e.startswith("specdec_edge.serve") and e not in allowed]
+        assert not bad, f"{name} imports {bad}: the server may use only {sorted(allowed)}"
+    for name, edges in graph.items():
+        if not name.startswith(("specdec_edge.serve", "specdec_edge.cli")):
+            assert not [e for e in edges if e.startswith("specdec_edge.serve")], f"{name} imports the server"

@@ -33,7 +33,8 @@ def test_pipeline_generates_without_heavy_imports(tiny_bundle):
 
 
 def test_runtime_commands_without_heavy_imports(tiny_bundle):
-    for args in (["chat", "--help"], ["generate", str(tiny_bundle), "--prompt", "hi", "--max-new-tokens", "4"]):
+    generate = ["generate", str(tiny_bundle), "--prompt", "hi", "--max-new-tokens", "4"]
+    for args in (["chat", "--help"], ["serve", "--help"], generate):
         res = run_clean(f"""
             import sys
             sys.argv = ["specdec-edge", *{args!r}]
@@ -45,3 +46,13 @@ def test_runtime_commands_without_heavy_imports(tiny_bundle):
         """)
         assert res.returncode == 0, res.stderr
         assert heavy_modules(res) == "[]", args
+
+
+def test_server_without_heavy_imports(tiny_bundle):
+    res = run_clean(f"""
+        from specdec_edge import Pipeline
+        from specdec_edge.serve.app import create_app
+        create_app(Pipeline.load({str(tiny_bundle)!r}), model="tiny")
+    """)
+    assert res.returncode == 0, res.stderr
+    assert heavy_modules(res) == "[]"

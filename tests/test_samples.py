@@ -71,3 +71,15 @@ def test_chat_window_streams_and_stops(tiny_bundle, xvfb_display):
     assert res.returncode == 0, res.stderr
     finish, new_tokens, chars = res.stdout.split("FINISH ")[1].split()
     assert finish == "cancelled" and 0 < int(new_tokens) < 200 and int(chars) > 0
+
+
+def test_openai_client_sample(tiny_bundle, tmp_path):
+    from tests.test_serve import KEY, Served
+
+    server = Served(Path(tiny_bundle), tmp_path / "server.log", "--api-key", KEY)
+    try:
+        res = run_sample(SAMPLES / "openai_client.py", server.url + "/v1", KEY)
+    finally:
+        server.stop()
+    assert res.returncode == 0, res.stderr
+    assert "per target pass, method draft]" in res.stdout and res.stdout.rstrip().endswith("]")

@@ -1,0 +1,114 @@
+"""`serve`: the OpenAI-compatible HTTP server, thin over ``specdec_edge.serve`` (light imports only)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import click
+
+from specdec_edge.cli_run import CONTEXT, load, pipeline_options
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command(context_settings=CONTEXT)
+@pipeline_options
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. 127.0.0.1 answers this machine only; 0.0.0.0 every network (then use --api-key).",
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "--api-key",
+    envvar="SPECDEC_API_KEY",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on every route but /health. Also read from $SPECDEC_API_KEY, "
+    "which keeps the key out of the process list.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Requests that may wait while one is generated; more are answered 429 with a Retry-After header.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds a request may take, time in the queue included; then it is cancelled with a 504 error.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=1 << 20,
+    show_default=True,
+    help="Larger request bodies are refused with 413.",
+)
+@click.option("--model-name", default=None, help="The model id clients send (default: the bundle folder's name).")
+def serve(
+    bundle,
+    method,
+    k,
+    threads,
+    spinning,
+    allow_inexact,
+    options,
+    provider,
+    host,
+    port,
+    api_key,
+    max_queue,
+    timeout_s,
+    max_body_bytes,
+    model_name,
+):
+    """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
+
+    POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models,
+    /health and /metrics (Prometheus). One pipeline answers the requests in order.
+
+    \b
+    Examples:
+      specdec-edge serve bundles/smollm2 --method pld
+      SPECDEC_API_KEY=secret specdec-edge serve bundles/smollm2 --host 0.0.0.0 --port 8000
+    \b
+    Then, from Python (pip install openai):
+      from openai import OpenAI
+      client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="secret")
+      client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}])
+    """
+    from specdec_edge.serve import check_extra, run
+
+    check_extra()
+    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
+    model = model_name or Path(bundle).resolve().name
+    if not is_loopback(host) and api_key is None:
+        click.secho(
+            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model.",
+            fg="yellow",
+            err=True,
+        )
+    click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{port}/v1 (Ctrl-C stops).")
+    run(
+        pipe,
+        host=host,
+        port=port,
+        model=model,
+        api_key=api_key,
+        max_queue=max_queue,
+        timeout_s=timeout_s,
+        max_body_bytes=max_body_bytes,
+    )

@@ -1,0 +1,415 @@
+"""`specdec-edge serve`: the real command in a subprocess (uvicorn on a free loopback port), driven by the
+official `openai` client and by raw HTTP (httpx): answers equal `Pipeline.generate`, streaming and not;
+stop strings and seeds; disconnects cancel; a full queue answers 429; timeouts; the bad-request matrix; load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec_edge import Pipeline
+from tests.tiny_models import make_model
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "test-key-123"
+PROMPTS = ["The quick brown fox", "Speculative decoding proposes", "def add(a, b):", "héllo wörld", "Summarize"]
+LONG = 8000  # new tokens the long bundle can give: several seconds of generation
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A `specdec-edge serve` process and how to reach it."""
+
+    def __init__(self, bundle: Path, log: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = bundle.name
+        self.log = log
+        command = [sys.executable, "-c", "from specdec_edge.cli import main; main()", "serve", str(bundle)]
+        command += ["--port", str(self.port), "--threads", "1", *args]
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.http = httpx.Client(base_url=self.url, timeout=60)  # one client: each new one costs ~0.1 s here
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.proc.poll() is None, f"the server exited:\n{log.read_text()}"
+            with contextlib.suppress(httpx.TransportError):
+                if self.http.get("/health", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, f"the server did not come up:\n{log.read_text()}"
+            time.sleep(0.2)
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=KEY, max_retries=0, **kw)
+
+    def post(self, path: str, body=None, *, content=None, key: str | None = KEY, **kw) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        if body is not None:
+            content = json.dumps(body)
+        return self.http.post(path, content=content, headers=headers, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        text = self.http.get("/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+        return out
+
+    def queue(self) -> int:
+        return self.http.get("/health").json()["queue"]
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.queue() > 0:
+            assert time.monotonic() < deadline, "the server did not get idle"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.http.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_bundle, tmp_path_factory):
+    """The tiny target + draft bundle (method draft), with an API key and a short queue."""
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    server = Served(Path(tiny_bundle), log, "--api-key", KEY, "--max-queue", "4")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_bundle):
+    return Pipeline.load(tiny_bundle, threads=1)
+
+
+@pytest.fixture(scope="module")
+def long_bundle(tmp_path_factory):
+    """A tiny base model without a chat template, with room for LONG new tokens."""
+    from specdec_edge.export.exporter import export_bundle
+
+    model = make_model(tmp_path_factory.mktemp("models") / "long-base", layers=2, seed=0, max_position_embeddings=8192)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    out = tmp_path_factory.mktemp("bundles") / "long-base"
+    return export_bundle(str(model), out, capacity=8192, progress=False)
+
+
+@pytest.fixture(scope="module")
+def slow(long_bundle, tmp_path_factory):
+    """The long bundle, plain decoding, one waiting request at most, a 2-second timeout."""
+    log = tmp_path_factory.mktemp("serve") / "slow.log"
+    server = Served(Path(long_bundle), log, "--method", "plain", "--max-queue", "1", "--timeout", "2", "--api-key", KEY)
+    yield server
+    server.stop()
+
+
+def test_command_help_and_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+    from specdec_edge.cli_serve import is_loopback
+
+    res = CliRunner().invoke(main, ["serve", "-h"])
+    assert res.exit_code == 0 and "Examples:" in res.output and "[default: 127.0.0.1]" in res.output
+    res = CliRunner().invoke(main, ["serve", str(tmp_path)])
+    assert res.exit_code == 2 and "not a specdec-edge bundle" in res.output and "Traceback" not in res.output
+    assert CliRunner().invoke(main, ["serve", str(tmp_path), "--max-queue", "0"]).exit_code == 2
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5")
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def ask(client, model, prompt, *, kind, stream, **kw):
+    """(text, finish_reason, usage, stats) of one request through the openai client."""
+    if kind == "chat":
+        create = lambda **a: client.chat.completions.create(messages=chat(prompt), **a)  # noqa: E731
+    else:
+        create = lambda **a: client.completions.create(prompt=prompt, **a)  # noqa: E731
+    if not stream:
+        r = create(model=model, **kw)
+        choice = r.choices[0]
+        text = choice.message.content if kind == "chat" else choice.text
+        return text, choice.finish_reason, r.usage, r.model_extra["specdec_edge"]
+    text, finish, usage, stats = "", None, None, None
+    for chunk in create(model=model, stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += (choice.delta.content or "") if kind == "chat" else choice.text
+            if choice.finish_reason:
+                finish, stats = choice.finish_reason, chunk.model_extra["specdec_edge"]
+    return text, finish, usage, stats
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_answers_equal_pipeline_generate(served, pipe, kind, stream):
+    client = served.client()
+    for prompt in PROMPTS[:3]:
+        expected = pipe.generate(chat(prompt) if kind == "chat" else prompt, max_new_tokens=40)
+        text, finish, usage, stats = ask(
+            client, served.model, prompt, kind=kind, stream=stream, max_tokens=40, temperature=0
+        )
+        assert text == expected.text
+        assert finish == {"eos": "stop", "length": "length"}[expected.finish_reason]
+        assert usage.prompt_tokens == expected.stats.prompt_tokens
+        assert usage.completion_tokens == len(expected.token_ids) + (expected.finish_reason == "eos")
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        assert stats["method"] == "draft" and stats["target_passes"] >= 1
+        assert stats["tokens_per_pass"] == pytest.approx(expected.stats.tokens_per_pass, abs=1e-3)
+        assert stats["acceptance_rate"] == pytest.approx(expected.stats.acceptance_rate, abs=1e-3)
+
+
+def test_max_completion_tokens_and_default_lengths(served, pipe):
+    client = served.client()
+    r = client.chat.completions.create(model=served.model, messages=chat("Hi"), max_completion_tokens=7, temperature=0)
+    assert r.usage.completion_tokens <= 7
+    expected = pipe.generate(chat("Hi"), max_new_tokens=7).text
+    assert r.choices[0].message.content == expected
+    r = client.completions.create(model=served.model, prompt="The quick brown fox", temperature=0)
+    assert r.usage.completion_tokens <= 16  # OpenAI's default max_tokens for completions
+
+
+def test_stop_strings(served, pipe):
+    client = served.client()
+    full = pipe.generate("The quick brown fox", max_new_tokens=40).text
+    stop = full[10:13]
+    expected = full[: full.find(stop)]
+    for stream in (False, True):
+        text, finish, _, _ = ask(
+            client, served.model, "The quick brown fox", kind="completion", stream=stream, max_tokens=40,
+            temperature=0, stop=[stop, "never-generated"],
+        )  # fmt: skip
+        assert (text, finish) == (expected, "stop")
+
+
+def test_seeded_sampling_repeats_and_matches_the_pipeline(served, pipe):
+    client = served.client()
+    kw = dict(kind="completion", max_tokens=24, temperature=0.9, top_p=0.95)
+    first = ask(client, served.model, "Summarize", stream=False, seed=11, **kw)[0]
+    assert ask(client, served.model, "Summarize", stream=True, seed=11, **kw)[0] == first
+    assert first == pipe.generate("Summarize", max_new_tokens=24, temperature=0.9, top_p=0.95, seed=11).text
+    others = {ask(client, served.model, "Summarize", stream=False, seed=s, **kw)[0] for s in range(12, 16)}
+    assert others - {first}, "other seeds should give other samples"
+
+
+def test_models_health_and_metrics(served):
+    client = served.client()
+    assert [m.id for m in client.models.list()] == [served.model]
+    assert client.models.retrieve(served.model).model_extra["specdec_edge"]["method"] == "draft"
+    health = served.http.get("/health").json()  # no key needed
+    assert health["status"] == "ok" and health["model"] == served.model
+    before = served.metrics()
+    ask(client, served.model, "Hi", kind="chat", stream=False, max_tokens=9, temperature=0)
+    after = served.metrics()
+    assert after["specdec_requests_total{path=/v1/chat/completions,status=200}"] == (
+        before.get("specdec_requests_total{path=/v1/chat/completions,status=200}", 0) + 1
+    )
+    assert 1 <= after["specdec_completion_tokens_total"] - before["specdec_completion_tokens_total"] <= 9
+    assert after["specdec_draft_tokens_proposed_total"] > before["specdec_draft_tokens_proposed_total"]
+    for name in ("specdec_tokens_per_second", "specdec_tokens_per_pass", "specdec_acceptance_rate"):
+        assert name in after
+    assert after["specdec_queue_depth"] == 0
+
+
+def test_api_key(served):
+    body = {"model": served.model, "prompt": "hi", "max_tokens": 2}
+    for key in (None, "wrong-key"):
+        r = served.post("/v1/completions", body, key=key)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert served.http.get("/metrics").status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=served.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert served.post("/v1/completions", body).status_code == 200
+
+
+def bad_requests(model: str, capacity: int) -> list[tuple[str, object, int, str | None]]:
+    """(path, JSON body or raw bytes, expected status, expected error param)."""
+    c, t = "/v1/chat/completions", "/v1/completions"
+    ok_chat = {"model": model, "messages": chat("hi"), "max_tokens": 4}
+    ok_text = {"model": model, "prompt": "hi", "max_tokens": 4}
+    return [
+        (t, b"{not json", 400, None),
+        (t, b"", 400, None),
+        (t, b"\xff\xfe\x00", 400, None),
+        (t, b"[" * 100000, 400, None),
+        (t, [1, 2], 400, None),
+        (t, {**ok_text, "model": "gpt-4o"}, 404, "model"),
+        (t, {**ok_text, "model": 7}, 400, "model"),
+        (t, {k: v for k, v in ok_text.items() if k != "model"}, 400, "model"),
+        (t, {**ok_text, "max_tokens": -1}, 400, "max_tokens"),
+        (t, {**ok_text, "max_tokens": 0}, 400, "max_tokens"),
+        (t, {**ok_text, "max_tokens": "10"}, 400, "max_tokens"),
+        (t, {**ok_text, "max_tokens": 2.5}, 400, "max_tokens"),
+        (t, {**ok_text, "max_tokens": 10**9}, 400, "max_tokens"),
+        (c, {**ok_chat, "max_completion_tokens": capacity}, 400, "max_completion_tokens"),
+        # each fits, not both together
+        (t, {**ok_text, "prompt": "The quick brown fox", "max_tokens": capacity - 2}, 400, "prompt"),
+        (t, {**ok_text, "prompt": "The quick brown fox " * 200}, 400, "prompt"),
+        (c, {**ok_chat, "messages": chat("The quick brown fox " * 200), "max_tokens": None}, 400, "messages"),
+        (t, {**ok_text, "prompt": ""}, 400, "prompt"),
+        (t, {**ok_text, "prompt": [1, 2, 3]}, 400, "prompt"),
+        (t, {**ok_text, "prompt": None}, 400, "prompt"),
+        (c, {**ok_chat, "messages": "hi"}, 400, "messages"),
+        (c, {**ok_chat, "messages": []}, 400, "messages"),
+        (c, {**ok_chat, "messages": [{"role": "user"}]}, 400, "messages[0].content"),
+        (c, {**ok_chat, "messages": [{"role": 3, "content": "x"}]}, 400, "messages[0].role"),
+        (c, {**ok_chat, "messages": ["hi"]}, 400, "messages[0]"),
+        (t, {**ok_text, "temperature": "hot"}, 400, "temperature"),
+        (t, {**ok_text, "temperature": 3}, 400, "temperature"),
+        (t, {**ok_text, "top_p": 0}, 400, "top_p"),
+        (t, {**ok_text, "top_p": True}, 400, "top_p"),
+        (t, {**ok_text, "seed": -1}, 400, "seed"),
+        (t, {**ok_text, "seed": "1"}, 400, "seed"),
+        (t, {**ok_text, "stop": 5}, 400, "stop"),
+        (t, {**ok_text, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        (t, {**ok_text, "stream": "yes"}, 400, "stream"),
+        (t, {**ok_text, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        (t, {**ok_text, "n": 2}, 400, "n"),
+        (c, {**ok_chat, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        (c, {**ok_chat, "logprobs": True}, 400, "logprobs"),
+    ]
+
+
+def test_bad_requests_get_4xx_error_objects(served, pipe):
+    for path, body, status, param in bad_requests(served.model, pipe.capacity):
+        content = body if isinstance(body, bytes) else json.dumps(body)
+        r = served.post(path, content=content)
+        assert r.status_code == status, (path, content[:80], r.text)
+        error = r.json()["error"]
+        assert isinstance(error["message"], str) and len(error["message"]) > 10, error
+        assert "Traceback" not in r.text and error["param"] == param, (content[:80], error)
+    too_big = served.post("/v1/completions", {"model": served.model, "prompt": "x" * (2 << 20)})
+    assert too_big.status_code == 413 and "--max-body-bytes" in too_big.json()["error"]["message"]
+    for method, path, status in (("GET", "/v1/nowhere", 404), ("GET", "/v1/completions", 405)):
+        r = served.http.request(method, path)
+        assert r.status_code == status and "error" in r.json()
+    with pytest.raises(openai.NotFoundError):
+        served.client().completions.create(model="no-such-model", prompt="hi")
+    # the server is still there and answers
+    assert ask(served.client(), served.model, "hi", kind="completion", stream=False, max_tokens=3)[2]
+
+
+def test_base_model_without_chat_template(slow):
+    r = slow.post("/v1/chat/completions", {"model": slow.model, "messages": chat("hi"), "max_tokens": 4})
+    assert r.status_code == 400 and "/v1/completions" in r.json()["error"]["message"]
+    r = slow.post("/v1/completions", {"model": slow.model, "prompt": "The quick", "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_disconnect_cancels_and_a_full_queue_answers_429(slow):
+    """A long stream runs; one request waits; a third gets 429. Closing the stream cancels its
+    generation (far fewer than LONG tokens made) and the waiting request runs."""
+    client = slow.client()
+    before = slow.metrics()
+    stream = client.completions.create(
+        model=slow.model, prompt="The quick brown fox", max_tokens=LONG, temperature=0, stream=True
+    )  # greedy: LONG tokens without an eos
+    assert next(iter(stream)).choices[0].text  # generation is under way
+    waiting, short = {}, {"model": slow.model, "prompt": "Hi", "max_tokens": 5}
+    second = threading.Thread(target=lambda: waiting.update(r=slow.post("/v1/completions", short)))
+    second.start()
+    deadline = time.monotonic() + 30
+    while slow.queue() < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    full = slow.post("/v1/completions", short)
+    assert full.status_code == 429 and int(full.headers["Retry-After"]) >= 1, (full.text, slow.log.read_text())
+    assert full.json()["error"]["type"] == "rate_limit_error"
+    stream.close()  # the client goes away mid-stream
+    second.join(30)
+    assert waiting["r"].status_code == 200 and waiting["r"].json()["usage"]["completion_tokens"] == 5
+    slow.wait_idle()
+    after = slow.metrics()
+    assert after["specdec_generations_total{finish_reason=cancelled}"] == (
+        before.get("specdec_generations_total{finish_reason=cancelled}", 0) + 1
+    )
+    made = after["specdec_completion_tokens_total"] - before["specdec_completion_tokens_total"] - 5
+    assert 1 <= made < LONG / 2, made
+    assert after["specdec_requests_total{path=/v1/completions,status=429}"] >= 1
+
+
+def test_timeout_gives_a_clear_error_and_frees_the_server(slow):
+    long = {"model": slow.model, "prompt": "The quick brown fox", "max_tokens": LONG, "temperature": 0}
+    r = slow.post("/v1/completions", long)
+    assert r.status_code == 504 and "--timeout" in r.json()["error"]["message"]
+    with pytest.raises(openai.APIError, match="timeout"):  # a stream that runs out of time ends with an error event
+        ask(slow.client(), slow.model, long["prompt"], kind="completion", stream=True, max_tokens=LONG, temperature=0)
+    slow.wait_idle()
+    r = slow.post("/v1/completions", {"model": slow.model, "prompt": "Hi", "max_tokens": 3})
+    assert r.status_code == 200
+
+
+def test_load_eight_clients(served):
+    """8 clients x 25 requests against a queue of 4: nothing but answers and 429s (retried shortly after),
+    each answer equal to the single-client one, and the server's memory flat between the 100th and the
+    200th answer."""
+    client = served.client()
+    cases = [(p, kind) for p in PROMPTS[:4] for kind in ("chat", "completion")]
+    kw = dict(max_tokens=12, temperature=0)
+    single = {c: ask(client, served.model, c[0], kind=c[1], stream=False, **kw)[0] for c in cases}
+    process = psutil.Process(served.proc.pid)
+    lock, answered, busy, rss, errors, wrong = threading.Lock(), [0], [0], {}, [], []
+
+    def run_client(i: int) -> None:
+        c = served.client()
+        for j in range(25):
+            case, stream = cases[(i + j) % len(cases)], (i + j) % 2 == 1
+            for _ in range(200):
+                try:
+                    text = ask(c, served.model, case[0], kind=case[1], stream=stream, **kw)[0]
+                    break
+                except openai.RateLimitError:
+                    with lock:
+                        busy[0] += 1
+                    time.sleep(0.05)
+                except Exception as e:  # anything else fails the test
+                    errors.append(repr(e))
+                    return
+            if text != single[case]:
+                wrong.append((case, text))
+            with lock:
+                answered[0] += 1
+                if answered[0] in (100, 200):
+                    rss[answered[0]] = process.memory_info().rss
+
+    threads = [threading.Thread(target=run_client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and not wrong, (errors[:3], wrong[:3])
+    assert answered[0] == 200 and busy[0] > 0  # 8 clients against 1 running + 4 waiting: some were refused
+    assert rss[200] < 1.05 * rss[100], rss
+    print(f"load: 200 answers, {busy[0]} refusals (429); server RSS {rss[100] / 1e6:.1f} -> {rss[200] / 1e6:.1f} MB")
