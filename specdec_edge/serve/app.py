@@ -93,10 +93,11 @@ class Server:
         if request.max_tokens is None and room >= 1:
             return prompt_tokens, room if request.kind == "chat" else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
         if request.max_tokens is None or request.max_tokens > room:
-            asked = "" if request.max_tokens is None else f" and asks for {request.max_tokens} new tokens"
+            what = "the messages take" if request.kind == "chat" else "the prompt takes"
+            asked = "" if request.max_tokens is None else f", plus max_tokens={request.max_tokens}"
             raise bad(
-                f"the {request.prompt_param} take {prompt_tokens} tokens{asked}: more than the {capacity} tokens "
-                f"this model holds in all. Shorten the {request.prompt_param} or lower max_tokens.",
+                f"{what} {prompt_tokens} tokens{asked}: more than the {capacity} tokens this model holds in all "
+                f"(its KV cache). Shorten the {request.prompt_param}" + (" or lower max_tokens." if asked else "."),
                 request.prompt_param,
             )
         return prompt_tokens, request.max_tokens
