@@ -26,7 +26,7 @@ from tests.tiny_models import make_model
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key-123"
 PROMPTS = ["The quick brown fox", "Speculative decoding proposes", "def add(a, b):", "héllo wörld", "Summarize"]
-LONG = 8000  # new tokens the long bundle can give: several seconds of generation
+LONG = 16000  # new tokens the long bundle can give: over 10 s of generation here, far beyond --timeout 3
 
 
 def free_port() -> int:
@@ -113,20 +113,20 @@ def long_bundle(tmp_path_factory):
     """A tiny base model without a chat template, with room for LONG new tokens."""
     from specdec_edge.export.exporter import export_bundle
 
-    model = make_model(tmp_path_factory.mktemp("models") / "long-base", layers=2, seed=0, max_position_embeddings=8192)
+    model = make_model(tmp_path_factory.mktemp("models") / "long-base", layers=2, seed=0, max_position_embeddings=16384)
     config = json.loads((model / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     (model / "chat_template.jinja").unlink(missing_ok=True)
     out = tmp_path_factory.mktemp("bundles") / "long-base"
-    return export_bundle(str(model), out, capacity=8192, progress=False)
+    return export_bundle(str(model), out, capacity=16384, progress=False)
 
 
 @pytest.fixture(scope="module")
 def slow(long_bundle, tmp_path_factory):
-    """The long bundle, plain decoding, one waiting request at most, a 2-second timeout."""
+    """The long bundle, plain decoding, one waiting request at most, a 3-second timeout."""
     log = tmp_path_factory.mktemp("serve") / "slow.log"
-    server = Served(Path(long_bundle), log, "--method", "plain", "--max-queue", "1", "--timeout", "2", "--api-key", KEY)
+    server = Served(Path(long_bundle), log, "--method", "plain", "--max-queue", "1", "--timeout", "3", "--api-key", KEY)
     yield server
     server.stop()
 
