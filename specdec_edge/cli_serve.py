@@ -82,7 +82,8 @@ def serve(
 
     \b
     Examples:
-      specdec-edge serve bundles/smollm2 --method pld
+      specdec-edge serve bundles/smollm2
+      specdec-edge serve bundles/smollm2 --method pld --port 8080 --max-queue 4 --timeout 120
       SPECDEC_API_KEY=secret specdec-edge serve bundles/smollm2 --host 0.0.0.0 --port 8000
     \b
     Then, from Python (pip install openai):

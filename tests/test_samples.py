@@ -82,4 +82,4 @@ def test_openai_client_sample(tiny_bundle, tmp_path):
     finally:
         server.stop()
     assert res.returncode == 0, res.stderr
-    assert "per target pass, method draft]" in res.stdout and res.stdout.rstrip().endswith("]")
+    assert "per target pass, method auto]" in res.stdout and res.stdout.rstrip().endswith("]")

@@ -96,16 +96,17 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tiny_bundle, tmp_path_factory):
-    """The tiny target + draft bundle (method draft), with an API key and a short queue."""
+    """The tiny target + draft bundle (method draft: its statistics are deterministic), with an API key and a
+    short queue."""
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    server = Served(Path(tiny_bundle), log, "--api-key", KEY, "--max-queue", "4")
+    server = Served(Path(tiny_bundle), log, "--method", "draft", "--api-key", KEY, "--max-queue", "4")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def pipe(tiny_bundle):
-    return Pipeline.load(tiny_bundle, threads=1)
+    return Pipeline.load(tiny_bundle, method="draft", threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +190,7 @@ def test_greedy_answers_equal_pipeline_generate(served, pipe, kind, stream):
         assert stats["method"] == "draft" and stats["target_passes"] >= 1
         assert stats["tokens_per_pass"] == pytest.approx(expected.stats.tokens_per_pass, abs=1e-3)
         assert stats["acceptance_rate"] == pytest.approx(expected.stats.acceptance_rate, abs=1e-3)
+        assert stats["by_proposer"]["draft"]["target_passes"] == expected.stats.by_proposer["draft"].steps
 
 
 def test_max_completion_tokens_and_default_lengths(served, pipe):

@@ -275,6 +275,15 @@ def speculative_stats(result, method: str) -> dict:
         "draft_tokens_accepted": s.accepted,
         "tokens_per_second": round(s.tokens_per_s, 2),
         "prefill_seconds": round(s.prefill_s, 4),
+        # which proposers ran (several for auto and pld-eagle), and how well each did
+        "by_proposer": {
+            name: {
+                "target_passes": p.steps,
+                "draft_tokens_proposed": p.proposed,
+                "draft_tokens_accepted": p.accepted,
+            }
+            for name, p in sorted(s.by_proposer.items())
+        },
     }
 
 
