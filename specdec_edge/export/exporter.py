@@ -142,7 +142,13 @@ def export_bundle(
                 target_graph = specs["target"]["graph"]
                 chains = not target_graph["tree_invariant"] and dtype not in ("fp32", "fp16")
                 manifest["heads"] = export_heads(
-                    heads, embed, tgt.decoder.weights.get("lm_head.weight", embed), staging.path, heads_default, chains
+                    heads,
+                    embed,
+                    tgt.decoder.weights.get("lm_head.weight", embed),
+                    staging.path,
+                    heads_default,
+                    chains,
+                    target_graph=target_graph["path"],
                 )
         if default_method is not None:
             manifest["default_method"] = check_default_method(default_method, drf is not None, manifest.get("heads"))
