@@ -32,7 +32,7 @@ def readers(path, name: str) -> set[str]:
     return {n.op_type for n in direct} | {n.op_type for n in nodes if through & set(n.input)}
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8", "int4"])
 def test_a_tied_model_stores_its_embedding_once(base_gemma_dir, tmp_path, dtype):
     out = export_bundle(str(base_gemma_dir), tmp_path / dtype, dtype=dtype, capacity=64, progress=False)
     m = read_manifest(out)
@@ -42,17 +42,9 @@ def test_a_tied_model_stores_its_embedding_once(base_gemma_dir, tmp_path, dtype)
     assert len(tables) == 1, f"the tied embedding is stored {len(tables)} times: {tables}"
     ops = readers(path, tables[0])
     assert "Gather" in ops, "the embedding reads the table"
-    assert ops & {"MatMul", "MatMulInteger"}, "the LM head reads the same table"
-    if dtype != "int8":  # random weights: int8 rounding flips some of their near-tied argmaxes
+    assert ops & {"MatMul", "MatMulInteger", "MatMulNBits"}, "the LM head reads the same table"
+    if dtype in ("fp32", "fp16"):  # random weights: int8/int4 rounding flips some of their near-tied argmaxes
         assert m.target.validation["top1_agreement"] == 1.0
-
-
-def test_int4_keeps_a_float_embedding_beside_its_4_bit_head(base_gemma_dir, tmp_path):
-    """The documented exception (graph.tied_weights): int4 would round the embedding to 4 bits."""
-    out = export_bundle(str(base_gemma_dir), tmp_path / "int4", dtype="int4", capacity=64, progress=False)
-    graph = read_manifest(out).target.graph
-    tables = vocab_tables(out / graph.path, graph.vocab_size, graph.hidden_size)
-    assert sorted(tables) == ["lm_head.weight.q", "model.embed_tokens.weight"]
 
 
 def test_an_untied_model_keeps_both_tables(tiny_bundle):

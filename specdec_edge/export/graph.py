@@ -446,12 +446,10 @@ def build_decoder(
     tied = "lm_head.weight" not in w or np.array_equal(w["lm_head.weight"], embed)
     table = "model.embed_tokens.weight"
     shared = tied_weights(embed, qmap.get(table), dtype) if tied else None
-    if shared is None:  # the embedding in float
+    if isinstance(shared, (BlockQuantized, ChannelQuantized)):  # one quantized table, also the LM head (below)
+        x = quantized_rows("input_ids", table, shared)  # a GGUF's own blocks or int8 rows, dequantized as gathered
+    else:  # a float table: the embedding's own, or (shared == "float") the LM head's too
         x = b.op("Gather", b.init(table, embed.astype(wdt)), "input_ids", axis=0)
-    elif shared == "float":  # one float table, also the LM head (below)
-        x = b.op("Gather", b.init(table, embed.astype(wdt)), "input_ids", axis=0)
-    else:  # one quantized table (a GGUF's own blocks, or int8 rows): rows dequantized where they are gathered
-        x = quantized_rows("input_ids", table, shared)
     if arch.embed_scale:
         x = b.op("Mul", x, b.const(np.sqrt(H), wdt))
     normed = rms_norm(x, "model.layers.0.input_layernorm.weight")
@@ -475,7 +473,7 @@ def build_decoder(
             qmap.setdefault("lm_head.weight", qmap[table])
     if shared is None:
         logits = linear(last, "lm_head")
-    elif shared == "float":  # ONNX Runtime folds the Transpose once at session start (no copy on disk)
+    elif isinstance(shared, str):  # "float": ONNX Runtime folds the Transpose once at session start (not on disk)
         logits = b.op("MatMul", last, b.op("Transpose", table, perm=[1, 0]))
     else:
         logits = quantized_matmul(last, table, shared)
@@ -504,24 +502,21 @@ def build_decoder(
 
 
 def tied_weights(embed: np.ndarray, own: BlockQuantized | None, dtype: str):
-    """How a tied model (LM head == embedding) stores its one table: "float" (fp32/fp16 table), a quantized
-    form that both the Gather and the LM head read, or None (two tables: a float embedding and a head
-    quantized from it).
+    """How a tied model (LM head == embedding) stores its one table: "float" (an fp32/fp16 table), a quantized
+    form that both the Gather and the LM head read, or None (two tables: a float embedding beside the head's).
 
-    * fp32/fp16 (and a GGUF whose table is stored as floats): one float table.
+    * fp32/fp16 (and a GGUF whose table is stored as floats): one float table, values unchanged.
     * a GGUF's own blocks (``own``, ``--dtype gguf``): the blocks; the embedding dequantizes the rows it
       gathers, the same values transformers dequantized, so the graph computes what it did with two tables.
-    * int8: one int8 table per row; the embedding becomes int8 too (its rows then carry the head's
-      rounding; measured in docs/PERFORMANCE.md, "Tied embeddings stored once").
-    * int4: two tables (a 4-bit embedding costs more agreement than its bytes are worth; same section).
+    * int8 / int4: the head's quantized table; the embedding's rows then carry the head's rounding too
+      (before: exact fp32 rows). Greedy agreement with fp32 did not drop on SmolLM2 (docs/PERFORMANCE.md,
+      "Tied embeddings stored once"), and the bundle loses the fp32 copy (113 MB there, 671 MB for Gemma 3).
     """
     if own is not None:
         return own if len(np.unique(own.zero)) == 1 else None  # the Gather reads one zero point per tensor
     if dtype in ("fp32", "fp16", "gguf"):  # "gguf" without own blocks: the file stores the table as floats
         return "float"
-    if dtype == "int8":
-        return quantize_channels(embed)
-    return None
+    return quantize_channels(embed) if dtype == "int8" else quantize_blocks(embed)
 
 
 def save(model: onnx.ModelProto, path) -> None:
