@@ -51,21 +51,25 @@ def assemble(work: Path) -> Path:
     return package.assemble(work / package.MODEL_NAME)
 
 
-def export(gguf: Path, out: Path, dtype: str, again: bool) -> dict | None:
-    """Export ``gguf`` at ``dtype`` into ``out`` in a child process; its time and peak memory (None if reused)."""
+def export(gguf: Path, out: Path, dtype: str, again: bool) -> dict:
+    """Export ``gguf`` at ``dtype`` into ``out`` in a child process; its time and peak memory, kept beside the
+    bundle in ``<out>.export.json`` (a reused bundle reports what its export measured, if that was recorded)."""
+    record = out.with_name(out.name + ".export.json")
     if (out / "manifest.json").is_file() and not again:
-        return None
+        return json.loads(record.read_text()) if record.is_file() else {"reused": True}
     print(f"exporting {dtype} to {out} ...", file=sys.stderr, flush=True)
     run = subprocess.run(
         [sys.executable, "-c", EXPORT_CHILD, str(gguf), str(out), dtype], stdout=subprocess.PIPE, text=True, check=True
     )
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    record.write_text(json.dumps(measured))
+    return measured
 
 
 def bundle_mb(bundle: Path) -> float:
     from specdec_edge.bundle import read_manifest
 
-    return sum(f.size for f in read_manifest(bundle).files.values()) / 1e6
+    return sum(f["size"] for f in read_manifest(bundle).files.values()) / 1e6
 
 
 def verify_cost(bundle: Path, widths: list[int], past: int, threads: int, repeats: int) -> list[dict]:
@@ -123,7 +127,7 @@ def main() -> None:
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         out = args.work / f"gemma-{dtype}"
         measured = export(gguf, out, dtype, args.reexport)
-        report["bundles"][dtype] = {"path": str(out), "size_mb": bundle_mb(out), **(measured or {"reused": True})}
+        report["bundles"][dtype] = {"path": str(out), "size_mb": bundle_mb(out), **measured}
     print("| bundle | size MB | export s | peak RSS GB |\n|---|---:|---:|---:|")
     for dtype, b in report["bundles"].items():
         print(f"| {dtype} | {b['size_mb']:.0f} | {b.get('export_s', 0):.0f} | {b.get('peak_rss_gb', 0):.2f} |")

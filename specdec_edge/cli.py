@@ -311,7 +311,8 @@ def info(bundle, as_json):
     if summary["default_method"]:
         click.echo(f"  default method: {summary['default_method']}")
     click.echo(f"  methods: {', '.join(summary['methods'])}")
-    click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {'yes' if summary['chat_template'] else 'no'}")
+    template = "yes" if summary["chat_template"] else "no (a base model: plain text; chat runs in completion mode)"
+    click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {template}")
     click.echo(f"  {summary['files']} files, {summary['total_bytes'] / 1e6:.1f} MB")
     if not costs:
         click.echo("  step costs: not measured on this machine yet (auto measures them on first use, ~seconds)")
