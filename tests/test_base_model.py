@@ -121,7 +121,7 @@ def test_export_stores_a_chat_template_file(base_gemma_dir, template_file, tmp_p
     assert read_chat_template(config) == CHAT_TEMPLATE
     out = tmp_path / "with-template"
     res = invoke(
-        "export", "--target", base_gemma_dir, "--out", out, "--capacity", "64", "--chat-template", template_file
+        "export", "--target", base_gemma_dir, "--out", out, "--capacity", "256", "--chat-template", template_file
     )
     assert res.exit_code == 0, res.output
     assert read_manifest(out).tokenizer.chat_template == CHAT_TEMPLATE
