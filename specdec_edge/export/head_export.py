@@ -1,9 +1,9 @@
 """Heads into bundles: ONNX export and validation of head graphs, the manifest's ``heads`` section, ``add_heads``.
 
 ``export_heads`` turns trained heads folders (``heads_folder.py``) into ONNX graphs inside a
-bundle (``heads/<method>.onnx``), each validated against its torch module in ONNX Runtime;
-``add_heads`` writes a copy of an existing bundle with heads, atomically. Both the graph and
-its manifest entry follow the method's recipe (``head_recipes.py``).
+bundle (``heads/<method>.onnx``, or ``target/<method>_head.onnx``: below), each validated against
+its torch module in ONNX Runtime; ``add_heads`` writes a copy of an existing bundle with heads,
+atomically. Both the graph and its manifest entry follow the method's recipe (``head_recipes.py``).
 
 A head graph that embeds tokens (EAGLE) needs the target's [V, H] embedding. Where the target
 graph keeps it as a float table, the head graph reads that table's bytes in the target's data
