@@ -10,7 +10,9 @@ Every prompt runs plain first, then each method, on the same engines (``with_met
 machine load affects all methods alike. Greedy only: every method must reproduce plain's
 token ids, and any prompt where it does not is listed in ``divergences`` with the first
 differing position. Two-turn prompts go through the chat template; turn 2's history holds
-plain's turn-1 answer, so every method sees identical inputs. Light imports only
+plain's turn-1 answer, so every method sees identical inputs. A base model's bundle (no chat
+template) gets the turns as plain text instead (``tokenizer.plain_text``: paragraphs, plain's
+answer continuing its turn), and the report says so (``meta.prompt_format``). Light imports only
 (matplotlib is imported inside ``plot_speedups``).
 """
 
@@ -33,9 +35,12 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.stats import ProposerStats
+from specdec_edge.tokenizer import plain_text
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
 OVERALL = "overall"
+CHAT_FORMAT = "chat template"
+PLAIN_FORMAT = "plain text: no chat template (base model), turns joined as paragraphs"
 KEYS = (
     "tokens_per_s",
     "decode_tokens_per_s",
@@ -169,14 +174,15 @@ def run_bench(
             pipes[m] = pipeline.with_method(m, k=k, allow_inexact=True, **(options or {}).get(m, {}))
         except SpecdecError as e:
             skipped[m] = str(e)
-    _warm_up(pipes)
+    as_text = not pipeline.tokenizer.has_chat_template
+    _warm_up(pipes, as_text)
     costs = next((p.proposer.costs for p in pipes.values() if hasattr(p.proposer, "costs")), None)  # auto's
     runs: dict[str, dict] = {m: {} for m in pipes}  # method -> prompt index -> Run
     skipped_prompts, divergences = [], []
     bar = tqdm(total=len(prompts) * len(pipes), desc="bench", unit="gen", file=sys.stderr, disable=not progress)
     for i, prompt in enumerate(prompts):
         try:
-            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens, gen)
+            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens, gen, as_text)
         except SpecdecError as e:
             skipped_prompts.append({"question_id": prompt.question_id, "category": prompt.category, "reason": str(e)})
             bar.update(len(pipes))
@@ -187,8 +193,8 @@ def run_bench(
             if m == "plain":
                 continue
             run = Run([])
-            for messages in inputs:
-                run.add(*_timed(pipe, messages, max_new_tokens, gen))
+            for request in inputs:
+                run.add(*_timed(pipe, request, max_new_tokens, gen))
             runs[m][i] = run
             if temperature == 0:
                 divergences += _divergences(m, prompt, plain, run)
@@ -216,6 +222,7 @@ def run_bench(
         "step_costs": None if costs is None else costs.to_json(),
         "temperature": temperature,
         "seed": seed,
+        "prompt_format": PLAIN_FORMAT if as_text else CHAT_FORMAT,
         "lossy_methods": [m for m in pipes if METHODS[m].lossy],
         "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -241,29 +248,34 @@ def baseline(meta: dict) -> str:
     return f"plain decoding on the same target engine, {threads} threads, {pool}"
 
 
-def _warm_up(pipes: dict) -> None:
+def _warm_up(pipes: dict, as_text: bool = False) -> None:
     """One short untimed generation per method, so session start-up costs stay out of the numbers."""
+    messages = [{"role": "user", "content": "Say hello."}]
     for pipe in pipes.values():
-        pipe.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=8)
+        pipe.generate(plain_text(messages) if as_text else messages, max_new_tokens=8)
 
 
-def _timed(pipe, messages: list[dict], max_new_tokens: int, gen: dict | None = None):
+def _timed(pipe, request: list[dict] | str, max_new_tokens: int, gen: dict | None = None):
     start = time.perf_counter()
-    result = pipe.generate(messages, max_new_tokens=max_new_tokens, **(gen or {}))
+    result = pipe.generate(request, max_new_tokens=max_new_tokens, **(gen or {}))
     return result, time.perf_counter() - start
 
 
-def _run_plain(pipe, prompt: BenchPrompt, max_new_tokens: int, gen: dict | None = None) -> tuple[Run, list[list[dict]]]:
-    """Plain on every turn; also the message lists every method gets (turn 2 carries plain's answer)."""
+def _run_plain(
+    pipe, prompt: BenchPrompt, max_new_tokens: int, gen: dict | None = None, as_text: bool = False
+) -> tuple[Run, list]:
+    """Plain on every turn; also the requests every method gets (turn 2 carries plain's answer): message
+    lists, or with ``as_text`` (a model without a chat template) the same conversation as plain text."""
     run, inputs, history = Run([]), [], []
     for turn in prompt.turns:
         messages = [*history, {"role": "user", "content": turn}]
+        request = plain_text(messages) if as_text else messages
         # Untimed: ONNX Runtime plans each new input shape on first sight (the prefill chunks of
         # this prompt); without this the first method run on a prompt, plain, would pay for it.
-        pipe.generate(messages, max_new_tokens=1)
-        result, wall_s = _timed(pipe, messages, max_new_tokens, gen)
+        pipe.generate(request, max_new_tokens=1)
+        result, wall_s = _timed(pipe, request, max_new_tokens, gen)
         run.add(result, wall_s)
-        inputs.append(messages)
+        inputs.append(request)
         history = [*messages, {"role": "assistant", "content": result.text}]
     return run, inputs
 
@@ -365,6 +377,7 @@ def to_markdown(report: dict) -> str:
         f"{mode}, k={k}, {meta['max_new_tokens']} new tokens max, threads={meta.get('threads', '?')}, "
         f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.",
         f"Speedup baseline: {meta.get('baseline', 'plain decoding on the same engines')}.",
+        f"Prompts: {meta.get('prompt_format', CHAT_FORMAT)}.",
         "",
         "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
         "| identical | near-ties |",

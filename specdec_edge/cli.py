@@ -87,10 +87,30 @@ def main():
     help="Method the bundle runs when none is asked for. Default: auto (each step, whichever of the bundle's "
     "proposers, or a plain step, promises the most tokens per second on the machine that runs it).",
 )
+@click.option(
+    "--chat-template",
+    "template_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Jinja chat template file (or a tokenizer_config.json holding one) to store in the bundle instead of "
+    "the model's own, e.g. for a base model that has none.",
+)
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
 def export(
-    target, draft, out, flavour, dtype, capacity, hidden_states, heads, heads_default, default_method, revision, force
+    target,
+    draft,
+    out,
+    flavour,
+    dtype,
+    capacity,
+    hidden_states,
+    heads,
+    heads_default,
+    default_method,
+    template_file,
+    revision,
+    force,
 ):
     """Export a target (and draft) model to a validated bundle of ONNX graphs.
 
@@ -102,8 +122,10 @@ def export(
       specdec-edge export --target ./big-model --draft ./small-model --out bundles/pair
       specdec-edge export --target ./model --flavour portable --dtype fp16 --out bundles/trt
       specdec-edge export --target ./model --heads heads/eagle --heads heads/medusa --out bundles/heads
+      specdec-edge export --target ./gemma-3-270m-q4_k_m.gguf --chat-template chat.jinja --out bundles/gemma
     """
     from specdec_edge.export.exporter import export_bundle
+    from specdec_edge.tokenizer import read_chat_template
 
     path = export_bundle(
         target,
@@ -116,6 +138,7 @@ def export(
         heads=heads,
         heads_default=heads_default,
         default_method=default_method,
+        chat_template=read_chat_template(template_file) if template_file else None,
         force=force,
         revision=revision,
     )
@@ -288,7 +311,8 @@ def info(bundle, as_json):
     if summary["default_method"]:
         click.echo(f"  default method: {summary['default_method']}")
     click.echo(f"  methods: {', '.join(summary['methods'])}")
-    click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {'yes' if summary['chat_template'] else 'no'}")
+    template = "yes" if summary["chat_template"] else "no (a base model: plain text; chat runs in completion mode)"
+    click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {template}")
     click.echo(f"  {summary['files']} files, {summary['total_bytes'] / 1e6:.1f} MB")
     if not costs:
         click.echo("  step costs: not measured on this machine yet (auto measures them on first use, ~seconds)")

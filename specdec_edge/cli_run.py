@@ -95,9 +95,10 @@ def generation_options(f):
     return pipeline_options(f)
 
 
-def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False):
+def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False, template_file=None):
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
+    from specdec_edge.tokenizer import read_chat_template
 
     return Pipeline.load(
         bundle,
@@ -107,6 +108,7 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
         spinning=spinning,
         provider=provider,
         allow_inexact=allow_inexact,
+        chat_template=read_chat_template(template_file) if template_file else None,
         **parse_options(options),
     )
 
@@ -124,6 +126,14 @@ def stats_line(stats) -> str:
 @click.command(context_settings=CONTEXT)
 @generation_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
+@click.option(
+    "--chat-template",
+    "template_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
+    "Without one, a base model's bundle (no template) runs as a completion REPL.",
+)
 def chat(
     bundle,
     method,
@@ -139,19 +149,26 @@ def chat(
     options,
     provider,
     system,
+    template_file,
 ):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
     Commands: /reset (forget the conversation), /stats (last answer's stats),
     /exit (or Ctrl-D). Ctrl-C stops the current answer.
+    A base model's bundle (no chat template) runs as a completion REPL: each line is
+    added to the text so far as a new paragraph, and the model continues the text.
     \b
     Examples:
       specdec-edge chat bundles/smollm2
       specdec-edge chat bundles/smollm2 --temperature 0.7 --top-p 0.9 --system "Be brief."
       specdec-edge chat bundles/pair --method plain --threads 2
+      specdec-edge chat bundles/gemma-base --chat-template my_template.jinja
     """
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
+    from specdec_edge.tokenizer import plain_text
+
+    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template_file)
+    completion = not pipe.tokenizer.has_chat_template
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
     click.echo(
@@ -159,6 +176,11 @@ def chat(
         + (f", k={pipe.k}" if pipe.method in ("draft", "auto") else "")
         + "). /reset, /stats, /exit."
     )
+    if completion:
+        click.echo(
+            "This model has no chat template (a base model): completion mode. Each line is added to the text "
+            "so far and the model continues it. For chat, pass --chat-template FILE."
+        )
     while True:
         try:
             line = input(">>> ")
@@ -183,9 +205,10 @@ def chat(
         if not command:
             continue
         history.append({"role": "user", "content": line})
+        request = plain_text(history) if completion else history
         try:
             stream = pipe.stream(
-                history, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+                request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
             )
         except SpecdecError as e:
             history.pop()
@@ -207,7 +230,16 @@ def chat(
 @click.command(context_settings=CONTEXT)
 @generation_options
 @click.option("--prompt", required=True, help="The prompt text (sent as is, without the chat template).")
-@click.option("--chat-template", "use_template", is_flag=True, help="Wrap the prompt as a user message.")
+@click.option(
+    "--chat-template",
+    "template",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[FILE]",
+    help="Wrap the prompt as a user message in the bundle's chat template, or in the template of FILE (a Jinja "
+    "file or a tokenizer_config.json; what a base model's bundle needs for this).",
+)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
 def generate(
@@ -225,7 +257,7 @@ def generate(
     options,
     provider,
     prompt,
-    use_template,
+    template,
     stop,
     as_json,
 ):
@@ -236,9 +268,10 @@ def generate(
       specdec-edge generate bundles/smollm2 --prompt "Once upon a time" --max-new-tokens 64
       specdec-edge generate bundles/smollm2 --prompt "List three colours." --chat-template --json
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
+      specdec-edge generate bundles/gemma-base --prompt "Hi" --chat-template my_template.jinja
     """
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
-    request = [{"role": "user", "content": prompt}] if use_template else prompt
+    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template or None)
+    request = [{"role": "user", "content": prompt}] if template is not None else prompt
     stream = pipe.stream(
         request,
         max_new_tokens=max_new_tokens,

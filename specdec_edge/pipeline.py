@@ -110,6 +110,7 @@ class Pipeline:
         allow_inexact: bool = False,
         pad_to: int | None = None,
         cuda_graph: bool = False,
+        chat_template: str | None = None,
         **options,
     ) -> Pipeline:
         """Load ``bundle``.
@@ -137,6 +138,8 @@ class Pipeline:
         plain decoding round alike (default 32; 0 turns it off; see ``runtime/ort_gpu_engine.py``).
         ``cuda_graph`` (provider "cuda"): decode passes run as one fixed-shape pass that ONNX Runtime
         captures once as a CUDA graph and replays (bundles exported with the ``ort`` flavour by this version).
+        ``chat_template``: a Jinja chat template that replaces the bundle's (``tokenizer.read_chat_template``
+        reads one from a file); a base model's bundle has none, and then takes plain text only.
         """
         root = Path(bundle)
         manifest = read_manifest(root)
@@ -161,7 +164,7 @@ class Pipeline:
         if chosen is None and method == "auto" and not graph.batch_invariant and target.measured_by_export:
             method = "plain"  # the default must run: speculation on this graph would not be exact here
         return cls(
-            Tokenizer.from_bundle(root, manifest.tokenizer),
+            Tokenizer.from_bundle(root, manifest.tokenizer, chat_template),
             target,
             draft,
             method,

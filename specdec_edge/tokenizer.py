@@ -3,7 +3,9 @@
 ``Tokenizer`` wraps a ``tokenizer.json`` and renders chat templates the way Hugging Face
 does (sandboxed jinja2, ``trim_blocks``/``lstrip_blocks``, ``raise_exception``,
 ``strftime_now``, a non-escaping ``tojson``), so a bundle produces the same prompt ids as
-``transformers`` would. ``IncrementalDecoder`` streams text token by token without
+``transformers`` would. Base models have no chat template: ``plain_text`` turns messages into
+the text such a model continues, and ``read_chat_template`` loads a template a user supplies
+(``--chat-template FILE``). ``IncrementalDecoder`` streams text token by token without
 re-decoding everything and without splitting multi-byte characters.
 """
 
@@ -23,6 +25,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from specdec_edge.errors import BundleError, SpecdecError
 
 _INCOMPLETE = "\ufffd"  # what a decoder emits for bytes that are not (yet) valid UTF-8
+_PROBE = "specdec-edge checks this template"  # a user message that a working template writes out
 
 
 def _raise_exception(message: str):
@@ -60,6 +63,55 @@ def _check_messages(messages) -> None:
                 raise SpecdecError(f"messages[{i}] needs a string {key!r}, got {message.get(key)!r}.")
 
 
+def plain_text(messages: list[dict]) -> str:
+    """Messages as the plain text a base model (no chat template) continues.
+
+    Every message that is not the assistant's starts a new paragraph (a blank line before it,
+    unless it is the first); an assistant message is appended as it is, because it was generated
+    as the continuation of the text before it. ``[user "Q1", assistant " A1", user "Q2"]`` becomes
+    ``"Q1 A1\n\nQ2"``. Roles are not written: a base model knows no roles.
+    """
+    _check_messages(messages)
+    text = ""
+    for m in messages:
+        if m["role"] == "assistant" or not text:
+            text += m["content"]
+        else:
+            text += "\n\n" + m["content"]
+    return text
+
+
+def read_chat_template(path: str | Path) -> str:
+    """The chat template in ``path``: a Jinja file, or a JSON file with a ``chat_template`` string
+    (``tokenizer_config.json``, ``chat_template.json``). Checked by rendering one user message."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecdecError(
+            f"cannot read the chat template file {path} ({e.__class__.__name__}); give a Jinja file."
+        ) from None
+    if path.suffix == ".json":
+        try:
+            text = json.loads(text).get("chat_template")
+        except (json.JSONDecodeError, AttributeError):
+            text = None
+        if not isinstance(text, str):
+            raise SpecdecError(
+                f'{path} has no "chat_template" string; give a Jinja template file or a tokenizer_config.json '
+                "that holds one."
+            )
+    try:
+        rendered = _compile_template(text).render(
+            messages=[{"role": "user", "content": _PROBE}], add_generation_prompt=True
+        )
+    except jinja2.exceptions.TemplateError as e:
+        raise SpecdecError(f"the chat template in {path} does not work ({e}); fix the Jinja template.") from None
+    if _PROBE not in rendered:
+        raise SpecdecError(f"the chat template in {path} does not write the messages' content; check the template.")
+    return text
+
+
 class Tokenizer:
     """Encode, decode and chat-format text for one model family."""
 
@@ -87,11 +139,12 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens or {})
 
     @classmethod
-    def from_bundle(cls, bundle_dir: str | Path, spec) -> Tokenizer:
-        """Build from a bundle directory and its manifest's ``TokenizerSpec``."""
+    def from_bundle(cls, bundle_dir: str | Path, spec, chat_template: str | None = None) -> Tokenizer:
+        """Build from a bundle directory and its manifest's ``TokenizerSpec``; ``chat_template``
+        replaces the bundle's own (e.g. one given to a base model's bundle)."""
         return cls(
             Path(bundle_dir) / spec.file,
-            chat_template=spec.chat_template,
+            chat_template=chat_template or spec.chat_template,
             bos_token_id=spec.bos_token_id,
             eos_token_ids=spec.eos_token_ids,
             add_bos_token=spec.add_bos_token,
@@ -115,10 +168,18 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    @property
+    def has_chat_template(self) -> bool:
+        """False for base models: chat messages then need ``plain_text`` or a template of one's own."""
+        return self.chat_template is not None
+
     @cached_property
     def _template(self) -> jinja2.Template:
         if self.chat_template is None:
-            raise SpecdecError("this model has no chat template: pass a plain prompt instead of chat messages.")
+            raise SpecdecError(
+                "this model has no chat template (a base model): pass a plain prompt instead of chat messages, "
+                "or give a template with --chat-template FILE (export, chat, generate; Pipeline.load(chat_template=))."
+            )
         return _compile_template(self.chat_template)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

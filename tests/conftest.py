@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from tests.tiny_models import TRAIN, make_model
+from tests.tiny_models import BASE_GEMMA3, TRAIN, make_model
 
 # What the package caches per machine (measured step costs, the default bundle) goes to a fresh folder, not
 # the user's: every test session measures anew, and CLI subprocesses inherit it.
@@ -42,6 +42,20 @@ def tiny_self_bundle(tmp_path_factory, tiny_llama_dir):
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-self"
     return export_bundle(str(tiny_llama_dir), out, draft=str(tiny_llama_dir), capacity=256, progress=False)
+
+
+@pytest.fixture(scope="session")
+def base_gemma_dir(tmp_path_factory):
+    """A tiny random Gemma 3 base model: tied embeddings, no chat template."""
+    return make_model(tmp_path_factory.mktemp("models") / "base-gemma3", **BASE_GEMMA3)
+
+
+@pytest.fixture(scope="session")
+def base_gemma_bundle(tmp_path_factory, base_gemma_dir):
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "base-gemma3"
+    return export_bundle(str(base_gemma_dir), out, capacity=256, progress=False)
 
 
 @functools.cache

@@ -18,8 +18,9 @@ CORPUS = [
 VOCAB = 320
 
 
-def make_tokenizer(folder: Path, vocab_size: int = VOCAB):
-    """Train a byte-level BPE on a small corpus and save it as a transformers fast tokenizer."""
+def make_tokenizer(folder: Path, vocab_size: int = VOCAB, chat_template: bool = True):
+    """Train a byte-level BPE on a small corpus and save it as a transformers fast tokenizer
+    (with ``CHAT_TEMPLATE``, or none: a base model's tokenizer)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -40,13 +41,25 @@ def make_tokenizer(folder: Path, vocab_size: int = VOCAB):
         unk_token="<|endoftext|>",
         pad_token="<|endoftext|>",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    if chat_template:
+        fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
     return fast
 
 
-def make_model(folder: Path, kind: str = "llama", layers: int = 2, seed: int = 0, vocab_size: int = VOCAB, **overrides):
-    """Save a random-weight causal LM (safetensors + config + tokenizer) into ``folder``."""
+def make_model(
+    folder: Path,
+    kind: str = "llama",
+    layers: int = 2,
+    seed: int = 0,
+    vocab_size: int = VOCAB,
+    chat_template: bool = True,
+    **overrides,
+):
+    """Save a random-weight causal LM (safetensors + config + tokenizer) into ``folder``.
+
+    Gemma 3 ties its LM head to the embedding (as the real ones do); ``chat_template=False`` makes
+    a base model's tokenizer, without a chat template."""
     import torch
     from transformers import (
         Gemma3ForCausalLM,
@@ -91,8 +104,12 @@ def make_model(folder: Path, kind: str = "llama", layers: int = 2, seed: int = 0
                 p.normal_(0, 0.08)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    make_tokenizer(folder, vocab_size)
+    make_tokenizer(folder, vocab_size, chat_template)
     return folder
+
+
+# A base model like Gemma-3-270M: Gemma 3 layers (sliding window, tied embeddings), no chat template.
+BASE_GEMMA3 = dict(kind="gemma3", layers=2, seed=5, chat_template=False)
 
 
 # train-draft settings for heads on the tiny models: seconds, yet enough to beat chance.

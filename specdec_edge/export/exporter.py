@@ -60,6 +60,7 @@ def export_bundle(
     heads: tuple = (),
     heads_default: str | None = None,
     default_method: str | None = None,
+    chat_template: str | None = None,
     force: bool = False,
     revision: str | None = None,
     progress: bool = True,
@@ -69,6 +70,7 @@ def export_bundle(
     ``heads``: trained heads folders (``train-draft``) to add as graphs; implies ``hidden_states``.
     ``heads_default``: the method such a bundle runs by default (default: pld-eagle with EAGLE heads).
     ``default_method``: the method any bundle runs by default (an exact method it can run; overrides the heads').
+    ``chat_template``: a Jinja chat template to store instead of the tokenizer's own (base models have none).
     """
     if dtype not in DTYPES:
         raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
@@ -120,7 +122,7 @@ def export_bundle(
                 prog=prog,
             )
         with prog.stage("[bundle] write tokenizer"):
-            tokenizer = write_tokenizer(tgt, staging.path)
+            tokenizer = write_tokenizer(tgt, staging.path, chat_template)
             manifest = {
                 "schema_version": SCHEMA_VERSION,
                 "exporter": {
@@ -140,7 +142,13 @@ def export_bundle(
                 target_graph = specs["target"]["graph"]
                 chains = not target_graph["tree_invariant"] and dtype not in ("fp32", "fp16")
                 manifest["heads"] = export_heads(
-                    heads, embed, tgt.decoder.weights.get("lm_head.weight", embed), staging.path, heads_default, chains
+                    heads,
+                    embed,
+                    tgt.decoder.weights.get("lm_head.weight", embed),
+                    staging.path,
+                    heads_default,
+                    chains,
+                    target_graph=target_graph["path"],
                 )
         if default_method is not None:
             manifest["default_method"] = check_default_method(default_method, drf is not None, manifest.get("heads"))
@@ -288,7 +296,7 @@ def contract_outputs(cfg, capacity, cache_dtype, hidden_states) -> tuple:
     return tuple(outs)
 
 
-def write_tokenizer(loaded, root: Path) -> dict:
+def write_tokenizer(loaded, root: Path, chat_template: str | None = None) -> dict:
     tok = loaded.tokenizer
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
@@ -309,6 +317,7 @@ def write_tokenizer(loaded, root: Path) -> dict:
         if getattr(tok, name, None) is not None
     }
     template = tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None
+    template = chat_template or template
     return {
         "file": "tokenizer.json",
         "vocab_size": loaded.decoder.vocab_size,

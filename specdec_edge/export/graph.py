@@ -104,6 +104,9 @@ def build_decoder(
     activation row quantized with its own scale (``MatMulInteger``); "int4": linear layers as 4-bit
     blocks (``MatMulNBits``). Weights in ``cfg.quantized`` are used as they are, whatever ``dtype``.
     Norms, the embedding table and the cache stay fp32 (fp16 for "fp16").
+
+    A tied model (LM head == embedding) stores the table once (``tied_weights``): the embedding
+    Gather and the LM head read the same initializer(s).
     """
     if flavour not in ("ort", "portable"):
         raise ValueError(f"unknown flavour {flavour}")
@@ -153,26 +156,46 @@ def build_decoder(
             row_scales[x] = (xq, b.op("Unsqueeze", scale, b.const([-1])))
         return row_scales[x]
 
+    stored = {}  # weight name -> its quantized initializers, written once (a tied table is read twice)
+
+    def quantized_inits(name, q):
+        if name not in stored:
+            if isinstance(q, ChannelQuantized):
+                wq = (q.q.T.astype(np.int16) + 128).astype(np.uint8)  # [K, N]: uint8 around 128
+                stored[name] = {
+                    "q.T": b.init(name + ".q.T", np.ascontiguousarray(wq)),
+                    "scales": b.init(name + ".scales", q.scales),
+                }
+            else:
+                data, scales, zero = q.packed()
+                stored[name] = {
+                    "q": b.init(name + ".q", data),
+                    "scales": b.init(name + ".scales", scales),
+                    "zero_points": b.init(name + ".zero_points", zero),
+                }
+                if q.mins is not None:
+                    stored[name]["mins.T"] = b.init(name + ".mins.T", np.ascontiguousarray(q.mins.T))
+        return stored[name]
+
     def quantized_matmul(x, name, q):
         """x [B, S, K] @ q.T -> [B, S, N] for one quantized weight ``q`` (initializers named after ``name``)."""
         n, k = q.q.shape
+        inits = quantized_inits(name, q)
         if isinstance(q, ChannelQuantized):
             # uint8 x uint8 around 128: exact int32 sums on every x86 CPU (uint8 x int8 saturates 16-bit pair
             # sums on AVX2 without VNNI: measured, docs/PERFORMANCE.md).
             xq, xscale = quantize_rows(x)
-            wq = (q.q.T.astype(np.int16) + 128).astype(np.uint8)  # [K, N]
             zero = b.const(128, np.uint8)
-            acc = b.op("MatMulInteger", xq, b.init(name + ".q.T", np.ascontiguousarray(wq)), zero, zero)
+            acc = b.op("MatMulInteger", xq, inits["q.T"], zero, zero)
             # exact int32 sums x column scales (one op), then row scales
-            y = b.op("DequantizeLinear", acc, b.init(name + ".scales", q.scales), axis=-1)
+            y = b.op("DequantizeLinear", acc, inits["scales"], axis=-1)
             return b.op("Mul", y, xscale)
-        data, scales, zero = q.packed()
         y = b.op(
             "MatMulNBits",
             x,
-            b.init(name + ".q", data),
-            b.init(name + ".scales", scales),
-            b.init(name + ".zero_points", zero),
+            inits["q"],
+            inits["scales"],
+            inits["zero_points"],
             domain="com.microsoft",
             K=k,
             N=n,
@@ -183,8 +206,34 @@ def build_decoder(
         if q.mins is not None:  # + sum over each block of x times the block's minimum: [B, S, K/block] @ [K/block, N]
             blocks = b.op("Reshape", x, b.const([0, 0, k // q.block, q.block]))
             sums = b.op("ReduceSum", blocks, b.const([-1]), keepdims=0)
-            y = b.op("Add", y, b.op("MatMul", sums, b.init(name + ".mins.T", np.ascontiguousarray(q.mins.T))))
+            y = b.op("Add", y, b.op("MatMul", sums, inits["mins.T"]))
         return y
+
+    def quantized_rows(ids, name, q):
+        """Rows ``ids`` [B, S] of the quantized weight ``q`` [N, K], dequantized in the graph from the same
+        initializers the MatMul reads: [B, S, K] fp32, equal bit for bit to ``q.dequantize()[ids]``."""
+        inits = quantized_inits(name, q)
+        if isinstance(q, ChannelQuantized):  # q.T [K, N] uint8 around 128, scales [N]
+            cols = b.op("Transpose", b.op("Gather", inits["q.T"], ids, axis=1), perm=[1, 2, 0])  # [B, S, K]
+            vals = b.op("Sub", b.op("Cast", cols, to=TensorProto.FLOAT), b.const(128, np.float32))
+            return b.op("Mul", vals, b.op("Unsqueeze", b.op("Gather", inits["scales"], ids, axis=0), b.const([-1])))
+        n, k = q.shape
+        nb = k // q.block
+        data = b.op("Gather", inits["q"], ids, axis=0)  # [B, S, nb, block * bits / 8]
+        if q.bits == 4:  # two values per byte, low nibble first
+            high = b.op("BitShift", data, b.const(4, np.uint8), direction="RIGHT")
+            low = b.op("Sub", data, b.op("BitShift", high, b.const(4, np.uint8), direction="LEFT"))
+            data = b.op(
+                "Concat", b.op("Unsqueeze", low, b.const([-1])), b.op("Unsqueeze", high, b.const([-1])), axis=-1
+            )
+        vals = b.op("Reshape", b.op("Cast", data, to=TensorProto.FLOAT), b.const([0, 0, nb, q.block]))
+        per_block = lambda t: b.op("Unsqueeze", t, b.const([-1]))  # noqa: E731  [B, S, nb] -> [B, S, nb, 1]
+        scales = b.op("Gather", b.op("Reshape", inits["scales"], b.const([n, nb])), ids, axis=0)  # [B, S, nb]
+        rows = b.op("Mul", b.op("Sub", vals, b.const(float(q.zero.flat[0]), np.float32)), per_block(scales))
+        if q.mins is not None:  # mins.T [nb, N]
+            mins = b.op("Transpose", b.op("Gather", inits["mins.T"], ids, axis=1), perm=[1, 2, 0])  # [B, S, nb]
+            rows = b.op("Add", rows, per_block(mins))
+        return b.op("Reshape", rows, b.const([0, 0, k]))
 
     def project(x, prefixes, fused=None):
         """x @ the weights of ``prefixes`` stacked along N, as one MatMul where they quantize alike (``fused``
@@ -394,7 +443,13 @@ def build_decoder(
 
     # ---- the decoder
     embed = w["model.embed_tokens.weight"]
-    x = b.op("Gather", b.init("model.embed_tokens.weight", embed.astype(wdt)), "input_ids", axis=0)
+    tied = "lm_head.weight" not in w or np.array_equal(w["lm_head.weight"], embed)
+    table = "model.embed_tokens.weight"
+    shared = tied_weights(embed, qmap.get(table), dtype) if tied else None
+    if isinstance(shared, (BlockQuantized, ChannelQuantized)):  # one quantized table, also the LM head (below)
+        x = quantized_rows("input_ids", table, shared)  # a GGUF's own blocks or int8 rows, dequantized as gathered
+    else:  # a float table: the embedding's own, or (shared == "float") the LM head's too
+        x = b.op("Gather", b.init(table, embed.astype(wdt)), "input_ids", axis=0)
     if arch.embed_scale:
         x = b.op("Mul", x, b.const(np.sqrt(H), wdt))
     normed = rms_norm(x, "model.layers.0.input_layernorm.weight")
@@ -411,13 +466,17 @@ def build_decoder(
         nxt = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < cfg.num_layers else "model.norm.weight"
         x, normed = add_norm(x, h, nxt)  # the residual stream, and the next layer's (or the final) norm of it
     x = normed
-    tied = "lm_head.weight" not in w or np.array_equal(w["lm_head.weight"], embed)
-    if tied:  # the embedding is the LM head too (stored twice: the Gather and the MatMul take it apart)
-        w["lm_head.weight"] = embed
-        if "model.embed_tokens.weight" in qmap:
-            qmap.setdefault("lm_head.weight", qmap["model.embed_tokens.weight"])
     last = b.op("Slice", x, b.op("Neg", "logits_to_keep"), b.const([np.iinfo(np.int64).max]), b.const([1]))
-    logits = linear(last, "lm_head")
+    if shared is None and tied:  # two tables: the head is quantized from the float embedding (see tied_weights)
+        w["lm_head.weight"] = embed
+        if table in qmap:
+            qmap.setdefault("lm_head.weight", qmap[table])
+    if shared is None:
+        logits = linear(last, "lm_head")
+    elif isinstance(shared, str):  # "float": ONNX Runtime folds the Transpose once at session start (not on disk)
+        logits = b.op("MatMul", last, b.op("Transpose", table, perm=[1, 0]))
+    else:
+        logits = quantized_matmul(last, table, shared)
     if cfg.final_logit_softcap:
         cap = b.const(cfg.final_logit_softcap, wdt)
         logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap)
@@ -440,6 +499,24 @@ def build_decoder(
     model = helper.make_model(graph, opset_imports=opsets, producer_name="specdec-edge")
     model.ir_version = IR_VERSION
     return model
+
+
+def tied_weights(embed: np.ndarray, own: BlockQuantized | None, dtype: str):
+    """How a tied model (LM head == embedding) stores its one table: "float" (an fp32/fp16 table), a quantized
+    form that both the Gather and the LM head read, or None (two tables: a float embedding beside the head's).
+
+    * fp32/fp16 (and a GGUF whose table is stored as floats): one float table, values unchanged.
+    * a GGUF's own blocks (``own``, ``--dtype gguf``): the blocks; the embedding dequantizes the rows it
+      gathers, the same values transformers dequantized, so the graph computes what it did with two tables.
+    * int8 / int4: the head's quantized table; the embedding's rows then carry the head's rounding too
+      (before: exact fp32 rows). Greedy agreement with fp32 did not drop on SmolLM2 (docs/PERFORMANCE.md,
+      "Tied embeddings stored once"), and the bundle loses the fp32 copy (113 MB there, 671 MB for Gemma 3).
+    """
+    if own is not None:
+        return own if len(np.unique(own.zero)) == 1 else None  # the Gather reads one zero point per tensor
+    if dtype in ("fp32", "fp16", "gguf"):  # "gguf" without own blocks: the file stores the table as floats
+        return "float"
+    return quantize_channels(embed) if dtype == "int8" else quantize_blocks(embed)
 
 
 def save(model: onnx.ModelProto, path) -> None:

@@ -1,9 +1,15 @@
 """Heads into bundles: ONNX export and validation of head graphs, the manifest's ``heads`` section, ``add_heads``.
 
 ``export_heads`` turns trained heads folders (``heads_folder.py``) into ONNX graphs inside a
-bundle (``heads/<method>.onnx``), each validated against its torch module in ONNX Runtime;
-``add_heads`` writes a copy of an existing bundle with heads, atomically. Both the graph and
-its manifest entry follow the method's recipe (``head_recipes.py``).
+bundle (``heads/<method>.onnx``, or ``target/<method>_head.onnx``: below), each validated against
+its torch module in ONNX Runtime; ``add_heads`` writes a copy of an existing bundle with heads,
+atomically. Both the graph and its manifest entry follow the method's recipe (``head_recipes.py``).
+
+A head graph that embeds tokens (EAGLE) needs the target's [V, H] embedding. Where the target
+graph keeps it as a float table, the head graph reads that table's bytes in the target's data
+file instead of shipping a copy: such a head graph lives beside the target graph
+(``target/<method>_head.onnx``), because ONNX Runtime reads external data only from the
+graph's own folder. Otherwise (quantized tables) the head ships its own fp16 copy, once.
 """
 
 from __future__ import annotations
@@ -73,11 +79,13 @@ def _compare(graph: nn.Module, recipe: HeadRecipe, examples: list[tuple], path: 
     return report
 
 
-def export_head_graph(head: nn.Module, path: Path) -> dict:
-    """Write ``head`` as an ONNX graph at ``path``; validate it in ONNX Runtime; return the report."""
+def export_head_graph(head: nn.Module, path: Path, written: bool = False) -> dict:
+    """Write ``head`` as an ONNX graph at ``path`` (unless ``written``); validate it in ONNX Runtime; return the
+    report."""
     recipe = recipe_for(head.cfg.method)
     graph, examples = recipe.graph(head), recipe.examples(head.cfg)
-    _write_graph(graph, recipe, examples[0], path)
+    if not written:
+        _write_graph(graph, recipe, examples[0], path)
     report = _compare(graph, recipe, examples, path)
     worst = max(v for k, v in report.items() if k.endswith("err"))
     report["max_rel_err"], report["tolerance"] = worst, TOLERANCE
@@ -89,33 +97,118 @@ def export_head_graph(head: nn.Module, path: Path) -> dict:
 
 
 def export_heads(
-    heads_dirs, embed: np.ndarray, lm_head: np.ndarray, root: Path, default: str | None = None, chains: bool = False
+    heads_dirs,
+    embed: np.ndarray,
+    lm_head: np.ndarray,
+    root: Path,
+    default: str | None = None,
+    chains: bool = False,
+    target_graph: str | None = None,
 ) -> dict:
     """Build and validate a graph per heads folder under ``root/heads``; the manifest's ``heads`` section.
 
     ``embed`` and ``lm_head``: the target's [V, H] weights. ``default``: the method a pipeline
     uses when none is asked for (the registry's ``default_head_method``: pld-eagle with EAGLE heads).
     ``chains``: record one-branch tree settings (the target verifies only chains bit for bit).
+    ``target_graph``: the target graph's path in the bundle; head graphs that embed tokens read its float
+    embedding table, if it has one, instead of a copy of their own.
     """
     section = {}
     (root / "heads").mkdir(exist_ok=True)
+    table = float_table(root / target_graph) if target_graph else None
     for folder in heads_dirs:
-        head = load_heads(Path(folder), embed, lm_head)
+        head = load_heads(Path(folder), embed, lm_head, table["dtype"] if table else np.float16)
         cfg = head.cfg
         if cfg.method in section:
             raise ExportError(f"two {cfg.method} heads folders were given; pass one per method.")
-        report = export_head_graph(head, root / "heads" / f"{cfg.method}.onnx")
+        path = root / "heads" / f"{cfg.method}.onnx"
+        report = export_head_graph(head, path)
+        if table and _holds_table(path, table):
+            path = _read_target_table(path, table, root / Path(target_graph).parent / f"{cfg.method}_head.onnx")
+            report = export_head_graph(head, path, written=True)
         config = {k: v for k, v in asdict(cfg).items() if k not in ("method", "training")}
         section[cfg.method] = {
-            "graph": f"heads/{cfg.method}.onnx",
+            "graph": path.relative_to(root).as_posix(),
             "top_k": TOP_K,
             "config": config,
             "tree": recipe_for(cfg.method).chain if chains else recipe_for(cfg.method).tree,
             "training": cfg.training,
             "validation": report,
         }
+    if not any((root / "heads").iterdir()):  # every head graph reads the target's table
+        (root / "heads").rmdir()
     section["default"] = default_head_method(list(section), default)  # the policy lives in the method registry
     return section
+
+
+def float_table(graph_path: Path) -> dict | None:
+    """Where a target graph keeps its float embedding table [V, H]: its data file (beside the graph), offset,
+    length, ONNX and numpy dtype, shape; None when the table is quantized or held inside the .onnx file."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(graph_path), load_external_data=False)
+    for init in model.graph.initializer:
+        if init.name == "model.embed_tokens.weight" and uses_external_data(init):
+            info = {e.key: e.value for e in init.external_data}
+            kinds = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
+            if init.data_type not in kinds:
+                return None
+            return {
+                "location": info["location"],
+                "offset": int(info.get("offset", 0)),
+                "length": int(info["length"]),
+                "data_type": init.data_type,
+                "dtype": kinds[init.data_type],
+                "dims": list(init.dims),
+            }
+    return None
+
+
+def _table_tensor(model, table: dict):
+    """The tensor of a head graph that holds the target's table (its shape and dtype): an initializer, or the
+    value of a Constant node (how the exporter writes a torch buffer); None if there is none."""
+    for init in model.graph.initializer:
+        if list(init.dims) == table["dims"] and init.data_type == table["data_type"]:
+            return init
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            t = node.attribute[0].t
+            if list(t.dims) == table["dims"] and t.data_type == table["data_type"]:
+                return node
+    return None
+
+
+def _holds_table(path: Path, table: dict) -> bool:
+    import onnx
+
+    return _table_tensor(onnx.load(str(path), load_external_data=False), table) is not None
+
+
+def _read_target_table(path: Path, table: dict, dest: Path) -> Path:
+    """Move the head graph at ``path`` to ``dest`` (beside the target graph), its copy of the embedding replaced by
+    an initializer that points at the target's table in the target's data file; the head's own data file keeps
+    its other weights. Returns ``dest``."""
+    import onnx
+
+    from specdec_edge.export.graph import save
+
+    model = onnx.load(str(path))  # small: the head's own weights and its copy of the table
+    found = _table_tensor(model, table)
+    name = found.name if isinstance(found, onnx.TensorProto) else found.output[0]
+    if isinstance(found, onnx.NodeProto):
+        model.graph.node.remove(found)
+    else:
+        model.graph.initializer.remove(found)
+    init = onnx.TensorProto(name=name, data_type=table["data_type"], dims=table["dims"])
+    init.data_location = onnx.TensorProto.EXTERNAL
+    for key in ("location", "offset", "length"):
+        init.external_data.add(key=key, value=str(table[key]))
+    model.graph.initializer.append(init)
+    save(model, dest)  # writes the other tensors into dest's own data file; the table stays where it is
+    for old in (path, path.with_name(path.name + ".data")):
+        old.unlink(missing_ok=True)
+    return dest
 
 
 def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -138,6 +231,8 @@ def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
         if uses_external_data(tensor):
             load_external_data_for_tensor(tensor, str(path.parent))
     embed = numpy_helper.to_array(found["model.embed_tokens.weight"]).astype(np.float32)  # [V, H]
+    if "lm_head.weight.T" not in found:  # tied: the graph's LM head reads the embedding
+        return embed, embed
     head = numpy_helper.to_array(found["lm_head.weight.T"]).astype(np.float32).T  # [V, H]
     return embed, np.ascontiguousarray(head)
 
@@ -153,14 +248,18 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
     if out.resolve() == bundle.resolve():
         raise ExportError("--out must differ from the source bundle; the new bundle is written beside it.")
     embed, lm_head = target_weights(bundle)
+    old_heads = {h["graph"] for m, h in (manifest.heads or {}).items() if m != "default"}
+    old_heads |= {g + ".data" for g in old_heads}
     with StagingDir(out, force) as staging:
         for rel in manifest.files:
-            if rel.startswith("heads/"):
+            if rel.startswith("heads/") or rel in old_heads:
                 continue
             dest = staging.path / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(bundle / rel, dest)
         data = manifest.to_json()
         data.pop("files")
-        data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, default)
+        data["heads"] = export_heads(
+            heads_dirs, embed, lm_head, staging.path, default, target_graph=manifest.target.graph.path
+        )
         return staging.commit(data)

@@ -56,10 +56,11 @@ def rotate(x, positions, theta):  # x [B, n, S, hd], positions [B, S]
 class FrozenTarget(nn.Module):
     """The target's embedding and (draft-vocabulary) LM head, as buffers that are never trained."""
 
-    def __init__(self, embed: np.ndarray, lm_head: np.ndarray, vocab_ids: np.ndarray):
+    def __init__(self, embed: np.ndarray, lm_head: np.ndarray, vocab_ids: np.ndarray, embed_dtype=np.float16):
         super().__init__()
-        # The full-vocabulary embedding is the biggest tensor of a head graph: kept in fp16.
-        self.register_buffer("embed", torch.as_tensor(np.asarray(embed, np.float16)), persistent=False)  # [V, H]
+        # The full-vocabulary embedding is the biggest tensor of a head graph: fp16, or the dtype of the target
+        # graph's own table when the head graph reads that one (head_export.py).
+        self.register_buffer("embed", torch.as_tensor(np.asarray(embed, embed_dtype)), persistent=False)  # [V, H]
         head = np.asarray(lm_head, np.float32)[np.asarray(vocab_ids)]
         self.register_buffer("lm_head_t", torch.as_tensor(np.ascontiguousarray(head.T)), persistent=False)  # [H, V']
         self.register_buffer("vocab_ids", torch.as_tensor(np.asarray(vocab_ids, np.int64)), persistent=False)  # [V']

@@ -38,8 +38,9 @@ def save_heads(folder: Path, head: nn.Module, vocab_ids: np.ndarray) -> Path:
     return folder
 
 
-def load_heads(folder: Path, embed: np.ndarray, lm_head: np.ndarray) -> nn.Module:
-    """The head saved in ``folder`` over the target's embedding [V, H] and LM head [V, H], in eval mode."""
+def load_heads(folder: Path, embed: np.ndarray, lm_head: np.ndarray, embed_dtype=np.float16) -> nn.Module:
+    """The head saved in ``folder`` over the target's embedding [V, H] (held as ``embed_dtype``) and LM head
+    [V, H], in eval mode."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -56,6 +57,6 @@ def load_heads(folder: Path, embed: np.ndarray, lm_head: np.ndarray) -> nn.Modul
         )
     tensors = load_file(str(folder / "weights.safetensors"))
     vocab_ids = tensors.pop("vocab_ids").numpy().astype(np.int64)
-    head = build_head(cfg, FrozenTarget(embed, lm_head, vocab_ids))
+    head = build_head(cfg, FrozenTarget(embed, lm_head, vocab_ids, embed_dtype))
     head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
     return head.eval()
