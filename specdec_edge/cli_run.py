@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS
+from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.methods import METHODS, options_help
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -85,10 +87,18 @@ def generation_options(f):
             show_default=True,
             help="Stop after this many new tokens.",
         ),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
+        click.option(
+            "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 means greedy."
+        ),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 turns it off."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 turns it off."),
-        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
+        click.option(
+            "--top-p",
+            type=click.FloatRange(0, 1, min_open=True),
+            default=1.0,
+            show_default=True,
+            help="1 turns it off.",
+        ),
+        click.option("--seed", type=click.IntRange(min=0), default=None, help="Seed for reproducible sampling."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -99,6 +109,8 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
 
+    options = parse_options(options)  # option syntax errors before the (slow) load
+
     return Pipeline.load(
         bundle,
         method=method,
@@ -107,8 +119,25 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
         spinning=spinning,
         provider=provider,
         allow_inexact=allow_inexact,
-        **parse_options(options),
+        **options,
     )
+
+
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""``--stop`` text with ``\n``, ``\t``, ``\r`` and ``\\`` turned into the characters (a shell passes them
+    as a backslash and a letter); other backslashes stay as they are."""
+    return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
+
+
+def _line_editing() -> None:
+    """Arrow keys, line editing and history for ``input()`` where the platform has readline."""
+    try:
+        import readline  # noqa: F401  (importing it is what turns it on)
+    except ImportError:
+        pass
 
 
 def stats_line(stats) -> str:
@@ -144,14 +173,18 @@ def chat(
 
     \b
     Commands: /reset (forget the conversation), /stats (last answer's stats),
-    /exit (or Ctrl-D). Ctrl-C stops the current answer.
+    /exit (or Ctrl-D). Ctrl-C stops the current answer (then neither it nor
+    its question stays in the conversation). Arrow keys edit the line and
+    recall earlier ones where Python has readline.
     \b
     Examples:
       specdec-edge chat bundles/smollm2
       specdec-edge chat bundles/smollm2 --temperature 0.7 --top-p 0.9 --system "Be brief."
       specdec-edge chat bundles/pair --method plain --threads 2
     """
+    SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
     pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
+    _line_editing()
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
     click.echo(
@@ -168,6 +201,9 @@ def chat(
         except KeyboardInterrupt:
             click.echo()
             continue
+        except UnicodeDecodeError:
+            click.echo("Error: that line is not valid UTF-8 text; type it again.", err=True)
+            continue
         command = line.strip()
         if command == "/exit":
             return
@@ -182,6 +218,9 @@ def chat(
             continue
         if not command:
             continue
+        if command.startswith("/") and len(command.split()) == 1:
+            click.echo(f"Unknown command {command}; the commands are /reset, /stats and /exit.", err=True)
+            continue
         history.append({"role": "user", "content": line})
         try:
             stream = pipe.stream(
@@ -191,24 +230,34 @@ def chat(
             history.pop()
             click.echo(f"Error: {e} (/reset starts a new conversation)", err=True)
             continue
+        stopped = False
         try:
             for piece in stream:
                 click.echo(piece, nl=False)
         except KeyboardInterrupt:
+            stopped = True
             click.echo(" [stopped]", nl=False)
         finally:
             stream.close()
         last = stream.result
-        history.append({"role": "assistant", "content": last.text})
+        if stopped:  # neither the question nor the partial answer stays in the conversation
+            history.pop()
+        else:
+            history.append({"role": "assistant", "content": last.text})
         click.echo()
-        click.secho(stats_line(last.stats), dim=True)
+        click.secho(stats_line(last.stats) + (" (not kept in the conversation)" if stopped else ""), dim=True)
 
 
 @click.command(context_settings=CONTEXT)
 @generation_options
 @click.option("--prompt", required=True, help="The prompt text (sent as is, without the chat template).")
 @click.option("--chat-template", "use_template", is_flag=True, help="Wrap the prompt as a user message.")
-@click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
+@click.option(
+    "--stop",
+    multiple=True,
+    help=r"Stop string (repeatable); not included in the output. \n, \t, \r and \\ stand for a newline, a tab, "
+    "a carriage return and a backslash.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
 def generate(
     bundle,
@@ -237,6 +286,7 @@ def generate(
       specdec-edge generate bundles/smollm2 --prompt "List three colours." --chat-template --json
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
     """
+    SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
     pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
     request = [{"role": "user", "content": prompt}] if use_template else prompt
     stream = pipe.stream(
@@ -246,7 +296,7 @@ def generate(
         top_k=top_k,
         top_p=top_p,
         seed=seed,
-        stop=list(stop),
+        stop=[unescape(s) for s in stop],
     )
     with stream:
         for piece in stream:
