@@ -243,7 +243,7 @@ def read_manifest(bundle: Path | str, *, check_files: bool = True) -> Manifest:
     if not isinstance(data, dict):
         raise _malformed(mpath, f"the top level is a {type(data).__name__}, not an object")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise BundleError(
             f"{mpath} has schema version {version!r}, this specdec-edge reads {SCHEMA_VERSION}; "
             "re-export the bundle with this version or upgrade specdec-edge."
@@ -307,6 +307,11 @@ def _positive_int(x) -> bool:
     return _is_int(x) and x > 0
 
 
+def _small(x, most: int) -> bool:
+    """A positive integer up to ``most`` (head sizes and tree settings: what sizes buffers stays sane)."""
+    return _positive_int(x) and x <= most
+
+
 def check_manifest(m: Manifest, mpath: Path) -> None:
     """Field types and paths of a parsed manifest; a ``BundleError`` names the first bad field."""
 
@@ -331,6 +336,8 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
     def listed(rel, what: str) -> None:
         bundle_path(Path(mpath).parent, rel, mpath)
         need(rel in m.files, f"{what} {rel!r} is not in its file list (so it cannot be checked)")
+        data = f"{rel}.data"  # a graph's external weights are read with it, so they must be checked too
+        need(data in m.files or not (Path(mpath).parent / data).exists(), f"{data!r} is not in its file list")
 
     for model in (m.target, m.draft):
         if model is None:
@@ -342,6 +349,7 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
             need(_positive_int(getattr(g, name)), f"{role} graph {name} = {getattr(g, name)!r}")
         for name in ("num_layers", "num_kv_heads", "head_dim", "capacity"):
             need(_positive_int(getattr(c, name)), f"{role} graph cache.{name} = {getattr(c, name)!r}")
+        need(g.min_pass_width <= c.capacity, f"{role} graph min_pass_width {g.min_pass_width} > its capacity")
         need(g.flavour in ("ort", "portable"), f"{role} graph flavour {g.flavour!r}")
         need(isinstance(g.dtype, str), f"{role} graph dtype {g.dtype!r}")
         need(c.dtype in ("float32", "float16"), f"{role} graph cache.dtype {c.dtype!r}")
@@ -372,11 +380,11 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
         need(method in HEAD_SECTIONS, f"unknown heads {method!r}")
         need(isinstance(section, dict), f"heads.{method} is not an object")
         listed(section.get("graph"), f"the {method} head graph")
-        need(_positive_int(section.get("top_k")), f"heads.{method}.top_k = {section.get('top_k')!r}")
+        need(_small(section.get("top_k"), 64), f"heads.{method}.top_k = {section.get('top_k')!r}")
         config, tree = section.get("config"), section.get("tree", {})
         need(isinstance(config, dict), f"heads.{method}.config is not an object")
         for key in HEAD_SECTIONS[method]:
-            need(_positive_int(config.get(key)), f"heads.{method}.config.{key} = {config.get(key)!r}")
+            need(_small(config.get(key), 1 << 16), f"heads.{method}.config.{key} = {config.get(key)!r}")
         need(isinstance(tree, dict) and set(tree) <= HEAD_TREE_KEYS[method], f"heads.{method}.tree = {tree!r}")
         for key, value in tree.items():
             if key == "tree":  # Medusa: rank paths such as [[0], [1], [0, 0]]
@@ -384,7 +392,7 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
                     isinstance(p, list) and p and all(_is_int(r) and r >= 0 for r in p) for p in value
                 )
             else:  # EAGLE: topk, nodes, depth
-                ok = _positive_int(value)
+                ok = _small(value, 64)
             need(ok, f"heads.{method}.tree.{key} = {value!r}")
     need(m.default_method is None or isinstance(m.default_method, str), f"default_method = {m.default_method!r}")
     need(isinstance(m.engines, list) and all(isinstance(e, dict) for e in m.engines), "engines is not a list")

@@ -134,12 +134,18 @@ def check_contract(session, graph: GraphSpec, model_path) -> None:
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = {o.name: o for o in session.get_outputs()}
     element = "tensor(float16)" if spec.dtype == "float16" else "tensor(float)"
-    want = [spec.input_name(layer, kind) for layer in range(spec.num_layers) for kind in ("key", "value")]
     have = sorted(n for n in inputs if n not in ("input_ids", "position_ids", "attention_bias", "logits_to_keep"))
-    problem = None
-    if sorted(want) != have:
-        problem = f"cache inputs {have[:2]}... ({len(have)}) != the manifest's {len(want)}"
+    problem = want = None
+    if len(have) != 2 * spec.num_layers:  # first, so that a damaged layer count builds no huge name list
+        problem = f"{len(have)} cache inputs, the manifest says {spec.num_layers} layers"
     else:
+        want = [spec.input_name(layer, kind) for layer in range(spec.num_layers) for kind in ("key", "value")]
+        presents = [spec.output_name(layer, kind) for layer in range(spec.num_layers) for kind in ("key", "value")]
+        if sorted(want) != have:
+            problem = f"cache inputs {have[:2]}... != the manifest's {want[:2]}..."
+        elif missing := [name for name in presents if name not in outputs]:
+            problem = f"no cache output {missing[0]!r}"
+    if problem is None:
         for name in want:
             shape, dims = inputs[name].shape, [spec.num_kv_heads, spec.capacity, spec.head_dim]
             if (
