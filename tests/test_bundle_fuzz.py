@@ -300,3 +300,18 @@ def test_mangled_head_sections_fail_clearly_or_run(heads_bundle, tmp_path):
         for method in ("eagle", "medusa"):
             errors += attempt(bundle, method) is not None
     assert errors >= len(paths) // 2
+
+
+def test_a_damaged_head_graph_and_missing_files_are_named(heads_bundle, tmp_path):
+    bundle = clone(heads_bundle, tmp_path / "heads", link=False)
+    raw = bytearray((bundle / "heads/eagle.onnx").read_bytes())
+    raw[len(raw) // 3] ^= 0x10  # one flipped bit: ONNX Runtime would load and run it silently
+    (bundle / "heads/eagle.onnx").write_bytes(bytes(raw))
+    error = attempt(bundle)
+    assert error and "heads/eagle.onnx" in error and "specdec-edge verify" in error
+    code, out = cli("verify", bundle)
+    assert code == 1 and "MISMATCH heads/eagle.onnx" in out
+    (bundle / "heads/medusa.onnx").unlink()
+    (bundle / "tokenizer.json").write_text("{}")
+    code, out = cli("verify", bundle)  # exit 1 (not 2) for a missing or wrong-size file, as documented
+    assert code == 1 and "heads/medusa.onnx (missing)" in out and "tokenizer.json (size 2, manifest says" in out

@@ -193,3 +193,19 @@ def test_lone_surrogates_and_bad_stop_values_are_clear_errors(pipe):
     for stop in (3, [b"x"], {"a": 1}):
         with pytest.raises(SpecdecError, match="stop="):
             pipe.generate("hello", stop=stop)
+
+
+def test_reports_are_written_whole_or_not_at_all(tmp_path):
+    from specdec_edge.bench import write_atomic
+
+    path = tmp_path / "b.json"
+    write_atomic(path, '{"old": 1}')
+
+    def broken(tmp):
+        with open(tmp, "w") as f:
+            f.write('{"new": ')  # the run dies in the middle of writing
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, write=broken)
+    assert path.read_text() == '{"old": 1}' and [p.name for p in tmp_path.iterdir()] == ["b.json"]
