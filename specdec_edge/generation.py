@@ -7,9 +7,10 @@ abandoned (or merely forgot to close) block every later call. Instead each *step
 * a generation that has just run a step keeps a short lease on the engines (``LEASE_S``), so a
   stream whose reader comes back quickly runs on without interruption, and ``generate``, which
   reads its own steps back to back, is never interrupted;
-* once the lease has run out (a slow reader, or a stream nobody reads any more), another call
-  takes the engines; a call from the thread that holds the lease takes them at once (that thread
-  is evidently not reading the stream);
+* once the lease has run out (a slow reader, or a stream nobody reads any more), the call that has
+  waited longest takes the engines (first come, first served, so no call waits for ever); a call from
+  the thread that holds the lease may take them at once (that thread is evidently not reading the
+  stream);
 * a generation that lost the engines goes on later from its own context (prompt + the tokens it
   emitted): it prefills that context again and continues with the same sampling generator, so
   nothing is lost (``Generation.resumes`` counts how often);
@@ -24,6 +25,7 @@ and near-ties are counted in the stats.) Light: no model code here.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -52,6 +54,7 @@ class EngineLease:
         self.until = 0.0  # when the holder's lease ends (time.monotonic)
         self.cached: int | None = None  # the generation whose context the caches and proposers hold
         self.closed = False
+        self.waiting: collections.deque[int] = collections.deque()  # generations waiting for a step, in order
         self.pipelines: weakref.WeakSet = weakref.WeakSet()  # every pipeline over these engines
         self._ids = itertools.count(1)
 
@@ -60,18 +63,29 @@ class EngineLease:
 
     def acquire(self, gen: int, cancel: threading.Event) -> bool:
         """Wait until generation ``gen`` may run a step, and mark the engines in use; False (nothing
-        taken) when it is cancelled or the engines are closed first."""
+        taken) when it is cancelled or the engines are closed first. Waiting generations take the
+        engines in the order they asked (first come, first served), so none waits for ever."""
         me = threading.get_ident()
         with self.cond:
-            while True:
-                if cancel.is_set() or self.closed:
-                    return False
-                if self.holder in (None, gen):
-                    break
-                if not self.running and (self.holder_thread == me or time.monotonic() >= self.until):
-                    break  # the holder's reader is away: take over; the holder resumes later
-                wait = POLL_S if self.running else min(POLL_S, max(self.until - time.monotonic(), 0.0))
-                self.cond.wait(wait)
+            if self.holder != gen:
+                self.waiting.append(gen)
+            try:
+                while True:
+                    if cancel.is_set() or self.closed:
+                        return False
+                    if self.holder == gen:  # its own lease: go on
+                        break
+                    free = self.holder is None or self.holder_thread == me or time.monotonic() >= self.until
+                    if not self.running and free and self.waiting[0] == gen:
+                        break  # its turn; a holder whose reader is away resumes later
+                    wait = POLL_S  # a cancel is noticed within it; the engines freed wake the queue at once
+                    if self.waiting[0] == gen and not self.running:  # next in line: wake when the lease ends
+                        wait = min(POLL_S, max(self.until - time.monotonic(), 0.0) + 1e-3)
+                    self.cond.wait(wait)
+            finally:
+                if gen in self.waiting:
+                    self.waiting.remove(gen)
+                    self.cond.notify_all()  # the next in line may go
             self.holder, self.holder_thread, self.running = gen, me, True
             return True
 

@@ -139,6 +139,32 @@ def test_a_slow_reader_loses_the_engines_and_resumes_exactly(pipe, expected):
     assert others and all(ids == expected[PROMPTS[0]][:8] for ids in others)
 
 
+def test_calls_take_turns_first_come_first_served(pipe, expected):
+    """Threads that call back to back cannot starve another thread's call: it waits for the calls that asked
+    before it, not for whichever thread happens to grab the engines first."""
+    finished, stop = [], threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            pipe.generate(PROMPTS[0], max_new_tokens=16)
+            finished.append(1)
+
+    workers = [threading.Thread(target=busy, daemon=True) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    while len(finished) < 8:
+        time.sleep(0.01)
+    served = []
+    for _ in range(5):
+        before = len(finished)
+        assert within(60, pipe.generate, PROMPTS[1], 40).token_ids == expected[PROMPTS[1]]
+        served.append(len(finished) - before)
+    stop.set()
+    for worker in workers:
+        worker.join(60)
+    assert max(served) <= len(workers) + 1, served  # the calls queued before ours (and one counted late)
+
+
 def test_close_frees_the_engines_and_ends_open_streams(tiny_bundle):
     gc.collect()
     before = len(OWN_SESSIONS)
