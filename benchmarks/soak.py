@@ -173,10 +173,18 @@ def run_soak(
     done = [0]
     rss: dict[int, int] = {}
     milestones = {rss_from, calls, *range(100, calls + 1, 100)}
+    gate = threading.Event()  # closed while memory is measured at call rss_from: no call in flight then
+    gate.set()
+
+    def measure(n: int) -> None:
+        gc.collect()
+        rss[n] = rss_bytes()
+        log(f"  {n} calls, RSS {rss[n] / 1e6:.1f} MB" + (" (no call in flight)" if n in (rss_from, calls) else ""))
 
     def worker(n: int) -> None:
         rng = random.Random(seed * 1000 + n)
         while True:
+            gate.wait()
             try:
                 c = todo.get_nowait()
             except queue.Empty:
@@ -192,10 +200,20 @@ def run_soak(
             with lock:
                 del active[c.index]
                 done[0] += 1
-                if done[0] in milestones:
-                    gc.collect()
-                    rss[done[0]] = rss_bytes()
-                    log(f"  {done[0]} calls, RSS {rss[done[0]] / 1e6:.1f} MB")
+                count = done[0]
+                if count == rss_from:
+                    gate.clear()  # the two points compared are both measured with nothing in flight
+            if count == rss_from:
+                while True:
+                    with lock:
+                        if not active:
+                            break
+                    time.sleep(0.01)
+                measure(count)
+                gate.set()
+            elif count in milestones:
+                with lock:
+                    measure(count)  # the last call's: nothing else is in flight any more
 
     soak_start = time.perf_counter()
     workers = [threading.Thread(target=worker, args=(n,), daemon=True, name=f"soak-{n}") for n in range(threads)]
