@@ -31,6 +31,7 @@ from specdec_edge.bench import load_prompts, run_bench, to_markdown
 from specdec_edge.bundle import read_manifest
 from specdec_edge.default_model import SHIPPED_HEADS
 from specdec_edge.export.exporter import export_bundle
+from specdec_edge.export.sources import cache_limits
 from specdec_edge.runtime import open_engine
 
 PROMPTS = [
@@ -190,8 +191,9 @@ def main() -> int:
         shape = dict(layers=30, hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
         table_model = str(make_model(work / "model", "llama", max_position_embeddings=2048, **shape))
     t0 = time.perf_counter()
+    capacity = min(1024, cache_limits(table_model)[0] or 1024)  # export refuses more than the model's positions
     bundles = {
-        name: export_bundle(table_model, work / name, flavour=f, dtype=d, capacity=1024, progress=False)
+        name: export_bundle(table_model, work / name, flavour=f, dtype=d, capacity=capacity, progress=False)
         for name, (f, d) in KINDS.items()
     }
     print(f"export of {len(bundles)} bundles: {time.perf_counter() - t0:.1f} s", flush=True)
@@ -207,7 +209,7 @@ def main() -> int:
     # 2. CUDA graphs, random weights (and 3. the real checkpoint, which adds its own row)
     head = ("bundle", "plain ms/token", "with CUDA graphs", "speedup", "same 256 tokens", "same 64 x 6", "graph passes")
     if "cuda" in backends:
-        rows = cuda_graph_rows(f"{Path(table_model).name}, ort fp16, capacity 1024", bundles["ort-fp16"])
+        rows = cuda_graph_rows(f"{Path(table_model).name}, ort fp16, capacity {capacity}", bundles["ort-fp16"])
         write(out, "cuda_graphs.md", table(head, rows))
         if model:
             t0 = time.perf_counter()

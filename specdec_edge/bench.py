@@ -19,8 +19,10 @@ answer continuing its turn), and the report says so (``meta.prompt_format``). Li
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -449,6 +451,39 @@ def require_matplotlib() -> None:
         ) from None
 
 
+def check_output_path(path: str | Path, option: str) -> Path:
+    """Fail before a long run when a report cannot be written to ``path`` (``option`` names the flag)."""
+    out = Path(path)
+    if out.is_dir():
+        raise SpecdecError(f"{option} {out} is a folder; give a file path.")
+    folder = out.parent
+    if not folder.is_dir():
+        raise SpecdecError(f"{option} {out}: the folder {folder} does not exist; create it or choose another path.")
+    try:  # a real write: permission bits say little for root or on read-only mounts
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{out.name}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise SpecdecError(f"{option} {out}: cannot write in {folder} ({e.strerror}); choose another path.") from None
+    return out
+
+
+def write_atomic(path: str | Path, data: str | bytes | None = None, *, write=None) -> None:
+    """Write ``data`` (or call ``write(temp_path)``) to a temporary file beside ``path``, then rename it into
+    place: ``path`` is either the old file or the whole new one, never a partial write."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        if write is not None:
+            write(tmp)
+        else:
+            Path(tmp).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def plot_speedups(report: dict, out: str | Path) -> None:
     """A PNG bar chart: speedup vs plain per category, one bar per speculative method."""
     require_matplotlib()
@@ -470,5 +505,5 @@ def plot_speedups(report: dict, out: str | Path) -> None:
     ax.set_title(f"{model_name(report['meta'])}, greedy, k={report['meta']['k']}", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    write_atomic(out, write=lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)

@@ -7,8 +7,10 @@ A bundle is a directory::
     target/model.onnx    target decoder graph (+ model.onnx.data for weights)
     draft/model.onnx     optional draft decoder graph
 
-``manifest.json`` lists every other file with its sha256 and size. Loading checks
-sizes (fast); ``verify_bundle`` re-hashes everything.
+``manifest.json`` lists every other file with its sha256 and size. Loading checks the
+manifest's fields and paths and every file's size, then ``check_hashes`` compares each file
+with its sha256 once per file version (a record in the user cache remembers files that
+matched); ``verify_bundle`` re-hashes everything.
 """
 
 from __future__ import annotations
@@ -18,14 +20,19 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specdec_edge.errors import BundleError
+from specdec_edge.user_cache import cache_dir
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+# Head sections a manifest may carry, with the positive integers their config must hold, and their tree keys.
+HEAD_SECTIONS = {"eagle": ("num_kv_heads", "head_dim"), "medusa": ("medusa_heads",)}
+HEAD_TREE_KEYS = {"eagle": {"topk", "nodes", "depth"}, "medusa": {"tree"}}
 
 
 @dataclass(frozen=True)
@@ -216,8 +223,10 @@ class StagingDir:
         return self.out
 
 
-def read_manifest(bundle: Path | str) -> Manifest:
-    """Load and schema-check ``manifest.json``; check every listed file's size."""
+def read_manifest(bundle: Path | str, *, check_files: bool = True) -> Manifest:
+    """Load and check ``manifest.json``: schema, field types, paths that stay inside the bundle, and
+    (``check_files``) that every listed file is there with its recorded size. Any problem is one
+    ``BundleError`` that says what to do."""
     root = Path(bundle)
     if not root.exists():
         raise BundleError(f"bundle {root} does not exist; export one with `specdec-edge export`.")
@@ -228,28 +237,32 @@ def read_manifest(bundle: Path | str) -> Manifest:
             "export one with `specdec-edge export --target MODEL --out DIR`."
         )
     try:
-        data = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
-        raise BundleError(f"{mpath} is not valid JSON ({e}); re-export the bundle.") from None
+        data = json.loads(mpath.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise BundleError(f"{mpath} is not valid JSON ({e}); re-export or re-copy the bundle.") from None
+    if not isinstance(data, dict):
+        raise _malformed(mpath, f"the top level is a {type(data).__name__}, not an object")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise BundleError(
             f"{mpath} has schema version {version!r}, this specdec-edge reads {SCHEMA_VERSION}; "
             "re-export the bundle with this version or upgrade specdec-edge."
         )
     try:
         manifest = Manifest.from_json(data)
-    except (KeyError, TypeError) as e:
-        raise BundleError(f"{mpath} is malformed ({e}); re-export the bundle.") from None
-    for rel, entry in manifest.files.items():
-        p = root / rel
-        if not p.is_file():
-            raise BundleError(f"bundle file {rel} is missing from {root}; re-export or re-copy the bundle.")
-        if p.stat().st_size != entry["size"]:
-            raise BundleError(
-                f"bundle file {rel} has size {p.stat().st_size}, manifest says {entry['size']}; "
-                "the bundle is corrupted or was copied incompletely: re-copy or re-export it."
-            )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _malformed(mpath, f"{type(e).__name__}: {e}") from None
+    check_manifest(manifest, mpath)
+    if check_files:
+        for rel, entry in manifest.files.items():
+            p = bundle_path(root, rel, mpath)
+            if not p.is_file():
+                raise BundleError(f"bundle file {rel} is missing from {root}; re-export or re-copy the bundle.")
+            if p.stat().st_size != entry["size"]:
+                raise BundleError(
+                    f"bundle file {rel} has size {p.stat().st_size}, manifest says {entry['size']}; "
+                    "the bundle is corrupted or was copied incompletely: re-copy or re-export it."
+                )
     if manifest.draft is not None and manifest.draft.graph.vocab_size != manifest.target.graph.vocab_size:
         raise BundleError(
             f"draft vocab size {manifest.draft.graph.vocab_size} differs from target "
@@ -258,19 +271,233 @@ def read_manifest(bundle: Path | str) -> Manifest:
     return manifest
 
 
+def _malformed(mpath: Path, what: str) -> BundleError:
+    return BundleError(f"{mpath} is malformed ({what}); re-export or re-copy the bundle.")
+
+
+def bundle_path(root: Path, rel: str, mpath: Path | None = None) -> Path:
+    """``root / rel`` for a path a manifest lists, refusing any that leads outside the bundle
+    (absolute, ``..``, a drive, or a symbolic link that points out)."""
+    where = mpath or Path(root) / MANIFEST
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        raise _malformed(where, f"{rel!r} is not a relative file path")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or ":" in pure.parts[0]:
+        raise BundleError(
+            f"{where} lists {rel!r}, a path outside the bundle; refusing to read it. "
+            "Re-export the bundle, or get it from a source you trust."
+        )
+    path = Path(root) / pure
+    base = Path(root).resolve()
+    if path.is_symlink() or path.exists():
+        target = path.resolve()
+        if target != base and base not in target.parents:
+            raise BundleError(
+                f"bundle file {rel} links to {target}, outside the bundle; refusing to read it. "
+                "Replace the link with the file itself."
+            )
+    return path
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _positive_int(x) -> bool:
+    return _is_int(x) and x > 0
+
+
+def _small(x, most: int) -> bool:
+    """A positive integer up to ``most`` (head sizes and tree settings: what sizes buffers stays sane)."""
+    return _positive_int(x) and x <= most
+
+
+def check_manifest(m: Manifest, mpath: Path) -> None:
+    """Field types and paths of a parsed manifest; a ``BundleError`` names the first bad field."""
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise _malformed(mpath, what)
+
+    need(isinstance(m.exporter, dict), "exporter is not an object")
+    need(isinstance(m.files, dict), "files is not an object")
+    for rel, entry in m.files.items():
+        bundle_path(Path(mpath).parent, rel, mpath)
+        need(
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str)
+            and len(entry["sha256"]) == 64
+            and isinstance(entry.get("size"), int)
+            and not isinstance(entry["size"], bool)
+            and entry["size"] >= 0,
+            f"files[{rel!r}] needs a 64-digit sha256 and a size",
+        )
+
+    def listed(rel, what: str) -> None:
+        bundle_path(Path(mpath).parent, rel, mpath)
+        need(rel in m.files, f"{what} {rel!r} is not in its file list (so it cannot be checked)")
+        data = f"{rel}.data"  # a graph's external weights are read with it, so they must be checked too
+        need(data in m.files or not (Path(mpath).parent / data).exists(), f"{data!r} is not in its file list")
+
+    for model in (m.target, m.draft):
+        if model is None:
+            continue
+        g, c, role = model.graph, model.graph.cache, model.role
+        need(isinstance(g, GraphSpec) and isinstance(c, CacheSpec), f"{role} graph is incomplete")
+        listed(g.path, f"the {role} graph")
+        for name in ("vocab_size", "hidden_size", "min_pass_width"):
+            need(_positive_int(getattr(g, name)), f"{role} graph {name} = {getattr(g, name)!r}")
+        for name in ("num_layers", "num_kv_heads", "head_dim", "capacity"):
+            need(_positive_int(getattr(c, name)), f"{role} graph cache.{name} = {getattr(c, name)!r}")
+        need(g.min_pass_width <= c.capacity, f"{role} graph min_pass_width {g.min_pass_width} > its capacity")
+        need(g.flavour in ("ort", "portable"), f"{role} graph flavour {g.flavour!r}")
+        need(isinstance(g.dtype, str), f"{role} graph dtype {g.dtype!r}")
+        need(c.dtype in ("float32", "float16"), f"{role} graph cache.dtype {c.dtype!r}")
+        for name in ("has_hidden_states", "batch_invariant", "tree_invariant"):
+            need(isinstance(getattr(g, name), bool), f"{role} graph {name} = {getattr(g, name)!r}")
+        try:
+            names = {c.input_name(0, "key"), c.output_name(0, "value")}
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError):
+            names = set()
+        need(len(names) == 2 and all(isinstance(n, str) for n in names), f"{role} graph cache name templates")
+        need(isinstance(model.validation, dict), f"{role} validation is not an object")
+        need(all(isinstance(x, str) for x in (model.source, model.architecture)), f"{role} source/architecture")
+    t = m.tokenizer
+    listed(t.file, "the tokenizer file")
+    need(_positive_int(t.vocab_size), f"tokenizer vocab_size = {t.vocab_size!r}")
+    need(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in t.eos_token_ids), "eos_token_ids")
+    for name in ("bos_token_id", "pad_token_id"):
+        value = getattr(t, name)
+        need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0), name)
+    need(isinstance(t.add_bos_token, bool), f"add_bos_token = {t.add_bos_token!r}")
+    need(t.chat_template is None or isinstance(t.chat_template, str), "chat_template is not a string")
+    need(isinstance(t.special_tokens, dict) and all(isinstance(k, str) for k in t.special_tokens), "special_tokens")
+    need(m.heads is None or isinstance(m.heads, dict), "heads is not an object")
+    for method, section in (m.heads or {}).items():
+        if method == "default":
+            need(isinstance(section, str), f"heads.default = {section!r}")
+            continue
+        need(method in HEAD_SECTIONS, f"unknown heads {method!r}")
+        need(isinstance(section, dict), f"heads.{method} is not an object")
+        listed(section.get("graph"), f"the {method} head graph")
+        need(_small(section.get("top_k"), 64), f"heads.{method}.top_k = {section.get('top_k')!r}")
+        config, tree = section.get("config"), section.get("tree", {})
+        need(isinstance(config, dict), f"heads.{method}.config is not an object")
+        for key in HEAD_SECTIONS[method]:
+            need(_small(config.get(key), 1 << 16), f"heads.{method}.config.{key} = {config.get(key)!r}")
+        need(isinstance(tree, dict) and set(tree) <= HEAD_TREE_KEYS[method], f"heads.{method}.tree = {tree!r}")
+        for key, value in tree.items():
+            if key == "tree":  # Medusa: rank paths such as [[0], [1], [0, 0]]
+                ok = isinstance(value, list) and all(
+                    isinstance(p, list) and p and all(_is_int(r) and r >= 0 for r in p) for p in value
+                )
+            else:  # EAGLE: topk, nodes, depth
+                ok = _small(value, 64)
+            need(ok, f"heads.{method}.tree.{key} = {value!r}")
+    need(m.default_method is None or isinstance(m.default_method, str), f"default_method = {m.default_method!r}")
+    need(isinstance(m.engines, list) and all(isinstance(e, dict) for e in m.engines), "engines is not a list")
+    for entry in m.engines:
+        for key in ("file", "sidecar"):
+            if key in entry:
+                listed(entry[key], f"the engine {key}")
+
+
 def verify_bundle(bundle: Path | str) -> list[str]:
-    """Re-hash every file; return the relative paths whose hash does not match."""
+    """Re-hash every file; return the files that do not match, each with the reason when it is not the hash:
+    ``rel`` (hash), ``rel (missing)``, ``rel (size N, manifest says M)``, ``rel (not in manifest)``.
+    Files that match are remembered in the hash record (``check_hashes``)."""
     root = Path(bundle)
-    manifest = read_manifest(root)
-    bad = []
+    manifest = read_manifest(root, check_files=False)
+    bad, ok = [], []
     for rel, entry in manifest.files.items():
-        if sha256_file(root / rel) != entry["sha256"]:
+        p = root / rel
+        if not p.is_file():
+            bad.append(f"{rel} (missing)")
+        elif p.stat().st_size != entry["size"]:
+            bad.append(f"{rel} (size {p.stat().st_size}, manifest says {entry['size']})")
+        elif sha256_file(p) != entry["sha256"]:
             bad.append(rel)
+        else:
+            ok.append((p, entry["sha256"]))
     listed = set(manifest.files)
     for p in root.rglob("*"):
         if p.is_file() and p.name != MANIFEST and p.relative_to(root).as_posix() not in listed:
             bad.append(p.relative_to(root).as_posix() + " (not in manifest)")
+    HashRecord().remember(ok)
     return bad
+
+
+def check_hashes(bundle: Path | str, manifest: Manifest) -> None:
+    """Hash every listed file that the hash record does not already vouch for (``HashRecord``), and
+    raise a ``BundleError`` naming the first one that does not match its manifest sha256.
+
+    The first load of a bundle reads it all once (about 0.5 s per 250 MB here); later loads only
+    look at each file's size and modification time."""
+    root = Path(bundle)
+    record = HashRecord()
+    checked = []
+    for rel, entry in manifest.files.items():
+        path = root / rel
+        if record.vouches(path, entry["sha256"]):
+            continue
+        if sha256_file(path) != entry["sha256"]:
+            raise BundleError(
+                f"bundle file {rel} in {root} does not match its sha256 in the manifest: the bundle is "
+                f"corrupted. Run `specdec-edge verify {root}` to list every damaged file, then re-copy or "
+                "re-export the bundle."
+            )
+        checked.append((path, entry["sha256"]))
+    record.remember(checked)
+
+
+class HashRecord:
+    """Which files already matched which sha256, keyed by path, size, modification time and inode, in
+    ``<user cache>/verified.json`` (see ``user_cache.py``). A file that changes gets a new modification
+    time, so it is hashed again. Files modified in the last ``RACY_S`` seconds are not recorded (a change
+    within the file system's timestamp granularity would go unseen). Unwritable caches are ignored."""
+
+    RACY_S = 2.0
+    MAX_ENTRIES = 4096
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or cache_dir() / "verified.json"
+        try:
+            entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            entries = {}
+        self.entries = entries if isinstance(entries, dict) else {}
+
+    @staticmethod
+    def _key(path: Path) -> tuple[str, list] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return str(path.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+    def vouches(self, path: Path, sha256: str) -> bool:
+        key = self._key(path)
+        return key is not None and self.entries.get(key[0]) == [*key[1], sha256]
+
+    def remember(self, files: list[tuple[Path, str]]) -> None:
+        now = time.time_ns()
+        changed = False
+        for path, sha256 in files:
+            key = self._key(path)
+            if key is not None and now - key[1][1] > self.RACY_S * 1e9:
+                self.entries[key[0]] = [*key[1], sha256]
+                changed = True
+        if not changed:
+            return
+        live = {p: v for p, v in self.entries.items() if os.path.exists(p)}
+        keep = dict(list(live.items())[-self.MAX_ENTRIES :])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(keep))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
 
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:

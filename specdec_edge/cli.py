@@ -260,10 +260,11 @@ def info(bundle, as_json):
     Example:
       specdec-edge info bundles/smollm2 --json
     """
-    from specdec_edge.bundle import manifest_summary, read_manifest
+    from specdec_edge.bundle import check_hashes, manifest_summary, read_manifest
     from specdec_edge.speculative.costs import costs_of_bundle
 
     manifest = read_manifest(bundle)
+    check_hashes(bundle, manifest)  # what loading checks: a damaged file is named here too
     summary = manifest_summary(manifest)
     summary["methods"] = available_methods(manifest.draft is not None, manifest.heads or {})
     costs = costs_of_bundle(bundle)
@@ -287,8 +288,8 @@ def info(bundle, as_json):
             + (", hidden states" if m["hidden_states"] else "")
         )
         click.echo(
-            f"    validation vs PyTorch: max rel err {v.get('max_rel_err', float('nan')):.2e} "
-            f"(tolerance {v.get('tolerance')}), top-1 agreement {v.get('top1_agreement', 0):.0%}"
+            f"    validation vs PyTorch: max rel err {_number(v.get('max_rel_err'), '.2e')} "
+            f"(tolerance {v.get('tolerance')}), top-1 agreement {_number(v.get('top1_agreement'), '.0%')}"
         )
         measured = "batch_invariance" in v  # bundles of earlier versions only assumed it from the dtype
         if m["batch_invariant"]:
@@ -306,7 +307,7 @@ def info(bundle, as_json):
         tokens = f"{h['training_tokens']:,}" if isinstance(h["training_tokens"], int) else "?"
         click.echo(
             f"  {method} heads: draft vocab {h['draft_vocab']}, tree: {tree}; trained on {tokens} tokens; "
-            f"max rel err vs PyTorch {h['max_rel_err']:.1e}"
+            f"max rel err vs PyTorch {_number(h['max_rel_err'], '.1e')}"
         )
     if summary["default_method"]:
         click.echo(f"  default method: {summary['default_method']}")
@@ -323,10 +324,16 @@ def info(bundle, as_json):
             click.echo(f"    {line}")
 
 
+def _number(x, spec: str) -> str:
+    """``x`` formatted with ``spec``, or "?" when the manifest holds no number there."""
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
+
+
 @main.command(context_settings=CONTEXT)
 @click.argument("bundle", type=click.Path())
 def verify(bundle):
-    """Re-hash every file of a bundle against its manifest (exit 1 on mismatch).
+    """Re-hash every file of a bundle against its manifest (exit 1 when a file is damaged, missing or
+    has the wrong size; exit 2 when BUNDLE is not a readable bundle).
 
     \b
     Example:
@@ -343,7 +350,7 @@ def verify(bundle):
             err=True,
         )
         sys.exit(1)
-    click.echo(f"OK: every file in {bundle} matches its sha256.")
+    click.echo(f"OK: every file in {bundle} matches its sha256 (later loads skip re-hashing them).")
 
 
 @main.command("build-engines", context_settings=CONTEXT)

@@ -115,15 +115,20 @@ def bench(
     from specdec_edge.bench import (
         bundle_metadata,
         check_methods,
+        check_output_path,
         load_prompts,
         plot_speedups,
         require_matplotlib,
         run_bench,
         to_markdown,
+        write_atomic,
     )
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
 
+    for path, option in ((json_out, "--json"), (md_out, "--md"), (plot_out, "--plot")):
+        if path:
+            check_output_path(path, option)  # before the run, so that its results are not lost at the end
     method_options = parse_options(options, per_method=True)
     wanted = check_methods([m.strip() for m in methods.split(",") if m.strip()])
     if plot_out:
@@ -161,10 +166,8 @@ def bench(
     table = to_markdown(report)
     click.echo(table)
     if json_out:
-        with open(json_out, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+        write_atomic(json_out, json.dumps(report, indent=2))
     if md_out:
-        with open(md_out, "w", encoding="utf-8") as f:
-            f.write(table)
+        write_atomic(md_out, table)
     if plot_out:
         plot_speedups(report, plot_out)

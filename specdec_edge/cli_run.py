@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS
+from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.methods import METHODS, options_help
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -85,10 +87,18 @@ def generation_options(f):
             show_default=True,
             help="Stop after this many new tokens.",
         ),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy."),
+        click.option(
+            "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 means greedy."
+        ),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 turns it off."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 turns it off."),
-        click.option("--seed", type=int, default=None, help="Seed for reproducible sampling."),
+        click.option(
+            "--top-p",
+            type=click.FloatRange(0, 1, min_open=True),
+            default=1.0,
+            show_default=True,
+            help="1 turns it off.",
+        ),
+        click.option("--seed", type=click.IntRange(min=0), default=None, help="Seed for reproducible sampling."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -100,6 +110,8 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
     from specdec_edge.pipeline import Pipeline
     from specdec_edge.tokenizer import read_chat_template
 
+    options = parse_options(options)  # option syntax errors before the (slow) load
+
     return Pipeline.load(
         bundle,
         method=method,
@@ -109,8 +121,25 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
         provider=provider,
         allow_inexact=allow_inexact,
         chat_template=read_chat_template(template_file) if template_file else None,
-        **parse_options(options),
+        **options,
     )
+
+
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""``--stop`` text with ``\n``, ``\t``, ``\r`` and ``\\`` turned into the characters (a shell passes them
+    as a backslash and a letter); other backslashes stay as they are."""
+    return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
+
+
+def _line_editing() -> None:
+    """Arrow keys, line editing and history for ``input()`` where the platform has readline."""
+    try:
+        import readline  # noqa: F401  (importing it is what turns it on)
+    except ImportError:
+        pass
 
 
 def stats_line(stats) -> str:
@@ -155,7 +184,9 @@ def chat(
 
     \b
     Commands: /reset (forget the conversation), /stats (last answer's stats),
-    /exit (or Ctrl-D). Ctrl-C stops the current answer.
+    /exit (or Ctrl-D). Ctrl-C stops the current answer (then neither it nor
+    its question stays in the conversation). Arrow keys edit the line and
+    recall earlier ones where Python has readline.
     A base model's bundle (no chat template) runs as a completion REPL: each line is
     added to the text so far as a new paragraph, and the model continues the text.
     \b
@@ -167,8 +198,10 @@ def chat(
     """
     from specdec_edge.tokenizer import plain_text
 
+    SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
     pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template_file)
     completion = not pipe.tokenizer.has_chat_template
+    _line_editing()
     start = [{"role": "system", "content": system}] if system else []
     history, last = list(start), None
     click.echo(
@@ -190,6 +223,9 @@ def chat(
         except KeyboardInterrupt:
             click.echo()
             continue
+        except UnicodeDecodeError:
+            click.echo("Error: that line is not valid UTF-8 text; type it again.", err=True)
+            continue
         command = line.strip()
         if command == "/exit":
             return
@@ -204,6 +240,9 @@ def chat(
             continue
         if not command:
             continue
+        if command.startswith("/") and len(command.split()) == 1:
+            click.echo(f"Unknown command {command}; the commands are /reset, /stats and /exit.", err=True)
+            continue
         history.append({"role": "user", "content": line})
         request = plain_text(history) if completion else history
         try:
@@ -214,17 +253,22 @@ def chat(
             history.pop()
             click.echo(f"Error: {e} (/reset starts a new conversation)", err=True)
             continue
+        stopped = False
         try:
             for piece in stream:
                 click.echo(piece, nl=False)
         except KeyboardInterrupt:
+            stopped = True
             click.echo(" [stopped]", nl=False)
         finally:
             stream.close()
         last = stream.result
-        history.append({"role": "assistant", "content": last.text})
+        if stopped:  # neither the question nor the partial answer stays in the conversation
+            history.pop()
+        else:
+            history.append({"role": "assistant", "content": last.text})
         click.echo()
-        click.secho(stats_line(last.stats), dim=True)
+        click.secho(stats_line(last.stats) + (" (not kept in the conversation)" if stopped else ""), dim=True)
 
 
 @click.command(context_settings=CONTEXT)
@@ -240,7 +284,12 @@ def chat(
     help="Wrap the prompt as a user message in the bundle's chat template, or in the template of FILE (a Jinja "
     "file or a tokenizer_config.json; what a base model's bundle needs for this).",
 )
-@click.option("--stop", multiple=True, help="Stop string (repeatable); not included in the output.")
+@click.option(
+    "--stop",
+    multiple=True,
+    help=r"Stop string (repeatable); not included in the output. \n, \t, \r and \\ stand for a newline, a tab, "
+    "a carriage return and a backslash.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
 def generate(
     bundle,
@@ -270,6 +319,7 @@ def generate(
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
       specdec-edge generate bundles/gemma-base --prompt "Hi" --chat-template my_template.jinja
     """
+    SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
     pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template or None)
     request = [{"role": "user", "content": prompt}] if template is not None else prompt
     stream = pipe.stream(
@@ -279,7 +329,7 @@ def generate(
         top_k=top_k,
         top_p=top_p,
         seed=seed,
-        stop=list(stop),
+        stop=[unescape(s) for s in stop],
     )
     with stream:
         for piece in stream:

@@ -11,19 +11,18 @@ Light: numpy, onnxruntime, tokenizers, jinja2 only (no torch, no transformers).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle import check_hashes, read_manifest
 from specdec_edge.errors import SpecdecError
+from specdec_edge.generation import EngineLease, Generation, closed_error
 from specdec_edge.runtime import Engine, open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
 from specdec_edge.runtime.threads import check_threads
-from specdec_edge.sampling import SamplingParams, make_rng
+from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.costs import CostKey, device_costs
 from specdec_edge.speculative.features import FeatureTap
-from specdec_edge.speculative.loop import decode
 from specdec_edge.speculative.methods import HEAD_METHODS, Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.streaming import GenerationResult, StopFilter, Stream, text_pieces
@@ -33,7 +32,12 @@ __all__ = ["GenerationResult", "Pipeline", "StopFilter", "Stream"]
 
 
 class Pipeline:
-    """A loaded bundle: target engine, proposer and tokenizer. Calls are serialized by a lock."""
+    """A loaded bundle: target engine, proposer and tokenizer.
+
+    Calls from several threads take turns on the engines one decode step at a time
+    (``specdec_edge/generation.py``): a stream that is read slowly or dropped never blocks the others.
+    ``close()`` (or ``with Pipeline.load(...) as pipe:``) frees the engines.
+    """
 
     def __init__(
         self,
@@ -43,7 +47,7 @@ class Pipeline:
         method: str,
         k: int | None = None,
         options: dict | None = None,
-        lock: threading.Lock | None = None,
+        lease: EngineLease | None = None,
         heads: dict[str, HeadGraph] | None = None,
         allow_inexact: bool = False,
         cost_key: CostKey | None = None,
@@ -88,7 +92,8 @@ class Pipeline:
             )
         self.rule = spec.acceptance(rule_options)
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
-        self._lock = lock or threading.Lock()
+        self._lease = lease or EngineLease()  # shared by the pipelines over these engines (with_method)
+        self._lease.pipelines.add(self)
 
     def _device_costs(self, proposers):
         """The step costs of this device for ``auto`` (``speculative/costs.py``): cached, else measured now."""
@@ -143,6 +148,7 @@ class Pipeline:
         """
         root = Path(bundle)
         manifest = read_manifest(root)
+        check_hashes(root, manifest)  # once per file version; a damaged file is named before ONNX Runtime reads it
         heads = manifest.heads or {}
         chosen = method
         method = method or default_method(manifest.draft is not None, heads, manifest.default_method)
@@ -151,6 +157,7 @@ class Pipeline:
         )
         if problem:  # before the engines load
             raise SpecdecError(problem)
+        get_method(method).check_options(options)  # a bad option is named before the engines load, too
         cpu = check_threads(threads, spinning)
         share = manifest.draft is not None or bool(heads)  # GPU engines: their CPU fallback pools must not spin
         engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
@@ -179,8 +186,10 @@ class Pipeline:
         )
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
-        """A pipeline over the same engines and lock with another method (for comparisons); ``k`` defaults to the
-        method's own."""
+        """A pipeline over the same engines with another method (for comparisons); calls of both take turns;
+        ``k`` defaults to the method's own."""
+        if self.closed:
+            raise closed_error()
         return Pipeline(
             self.tokenizer,
             self.target,
@@ -188,11 +197,32 @@ class Pipeline:
             method,
             k,
             options,
-            self._lock,
+            self._lease,
             self.heads,
             self.allow_inexact if allow_inexact is None else allow_inexact,
             self.cost_key,
         )
+
+    @property
+    def closed(self) -> bool:
+        return self._lease.closed
+
+    def close(self) -> None:
+        """Free the engines now (they are shared with the pipelines ``with_method`` made: those close too).
+
+        A step running in another thread ends first; streams still open then end with finish_reason
+        "cancelled", and later calls are an error. Safe to call twice, from any thread.
+        """
+        self._lease.close()
+        for pipe in list(self._lease.pipelines):
+            pipe.target = pipe.draft = pipe.engine = pipe.proposer = None
+            pipe.heads = {}
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt ids: plain text as is, chat messages through the bundle's chat template."""
@@ -214,20 +244,29 @@ class Pipeline:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
     ) -> Stream:
-        """Like ``generate`` but yields text pieces as tokens are accepted."""
+        """Like ``generate`` but yields text pieces as tokens are accepted.
+
+        Generation runs as the stream is read. ``stream.cancel()`` (from any thread) or ``close()``
+        stops it and frees the engines at once; a stream that is dropped or read slowly never blocks
+        other calls: after a short lease they take the engines, and the stream, if read again, goes on
+        where it was (``specdec_edge/generation.py``).
+        """
+        if self.closed:
+            raise closed_error()
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        ids = self.encode(prompt)
-        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1.")
+        stops = check_stops(stop)
+        ids = self.encode(prompt)
         if len(ids) + max_new_tokens > self.capacity:
             raise SpecdecError(
                 f"the prompt has {len(ids)} tokens and max_new_tokens is {max_new_tokens}: {len(ids) + max_new_tokens} "
                 f"exceeds the KV cache capacity of {self.capacity} tokens; shorten the prompt (or the chat "
                 "history), lower max_new_tokens, or re-export the bundle with a larger --capacity."
             )
-        stops = [stop] if isinstance(stop, str) else list(stop or ())
-        result, cancel = GenerationResult("", [], Stats(), None), threading.Event()
-        return Stream(self._text(ids, stops, params, max_new_tokens, result, cancel), result, cancel)
+        result = GenerationResult("", [], Stats(), None)
+        generation = Generation(self, ids, params, max_new_tokens, result.stats)
+        return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
         self,
@@ -246,35 +285,24 @@ class Pipeline:
         string (not included in the text), or ``max_new_tokens``.
         """
         stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
-        for _ in stream:
-            pass
+        with stream:
+            for _ in stream:
+                pass
         return stream.result
 
-    def _text(
-        self,
-        prompt_ids: list[int],
-        stops: Sequence[str],
-        params: SamplingParams,
-        max_new_tokens: int,
-        result: GenerationResult,
-        cancel: threading.Event,
-    ) -> Iterator[str]:
-        """The streamed text of one generation, holding the pipeline's lock while it runs."""
-        with self._lock:
-            steps = decode(
-                self.engine,
-                self.proposer,
-                prompt_ids,
-                max_new_tokens=max_new_tokens,
-                params=params,
-                k=self.k,
-                eos_ids=self.tokenizer.eos_token_ids,
-                rng=make_rng(params.seed),
-                stats=result.stats,
-                cancel=cancel,
-                rule=self.rule,
-            )
-            try:
-                yield from text_pieces(steps, self.tokenizer, stops, result)
-            finally:
-                steps.close()
+    def _text(self, generation: Generation, stops: list[str], result: GenerationResult) -> Iterator[str]:
+        """The streamed text of one generation."""
+        try:
+            yield from text_pieces(generation, self.tokenizer, stops, result)
+        finally:
+            generation.close()
+
+
+def check_stops(stop) -> list[str]:
+    """``stop`` (None, a string or a sequence of strings) as a list, or an error naming the bad value."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        return []
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise SpecdecError(f"stop={stop!r} is invalid: use a string or a list of strings.")
+    return list(stops)

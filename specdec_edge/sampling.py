@@ -8,6 +8,7 @@ one-hot of the argmax, so the same acceptance code covers both modes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,16 +26,28 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not self.temperature >= 0:  # also rejects NaN
-            raise SpecdecError(f"temperature={self.temperature!r} is invalid: use a value >= 0 (0 means greedy).")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+        if not (_is_number(self.temperature) and 0 <= self.temperature < math.inf):  # also rejects NaN
+            raise SpecdecError(
+                f"temperature={self.temperature!r} is invalid: use a finite number >= 0 (0 means greedy)."
+            )
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise SpecdecError(f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 turns it off).")
-        if not 0 < self.top_p <= 1:
-            raise SpecdecError(f"top_p={self.top_p!r} is invalid: use a value in (0, 1] (1 turns it off).")
+        if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise SpecdecError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1] (1 turns it off).")
+        if self.seed is not None and not (_is_int(self.seed) and self.seed >= 0):
+            raise SpecdecError(f"seed={self.seed!r} is invalid: use an integer >= 0, or None for a random seed.")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

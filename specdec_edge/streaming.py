@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from specdec_edge.speculative.loop import Emitted
@@ -53,7 +53,8 @@ def text_pieces(
     """The text of each step of ``steps``, ending at eos, the first stop string, or the loop's own end.
 
     Tokens are taken one at a time, so a stop string ends ``result.token_ids`` where it ends;
-    ``result`` (text, token ids, finish reason) is complete when the iterator is exhausted.
+    ``result`` (text, token ids, finish reason) is complete when the iterator is exhausted. The text
+    holds whole characters only: one cut by ``max_new_tokens`` or a cancel is left out.
     """
     decoder = tokenizer.decoder()
     stop_filter = StopFilter(stops)
@@ -68,7 +69,9 @@ def text_pieces(
             if stopped:
                 break
         if step.finish_reason is not None and not stopped:
-            piece, stopped = stop_filter.feed(decoder.flush())
+            # Cut by the length limit or a cancel, a character may lack its last bytes: leave it out
+            # of the text (its tokens stay in token_ids) rather than end in U+FFFD.
+            piece, stopped = stop_filter.feed(decoder.flush(complete_only=step.finish_reason != "eos"))
             text += piece + ("" if stopped else stop_filter.flush())
         if text:
             result.text += text
@@ -81,26 +84,37 @@ def text_pieces(
 class Stream:
     """Text pieces as tokens are accepted; ``result`` is complete once iteration ends.
 
-    ``close()`` (from the iterating thread) or ``cancel()`` (from any thread) stops
-    generation; either way the pipeline is free for the next call.
+    ``cancel()`` (safe from any thread) or ``close()`` stops generation and frees the pipeline at
+    once; a stream that is simply dropped, or read slowly, never blocks other calls either (see
+    ``specdec_edge/generation.py``). Several threads may read one stream; they take turns.
     """
 
-    def __init__(self, pieces: Iterator[str], result: GenerationResult, cancel: threading.Event):
+    def __init__(self, pieces: Iterator[str], result: GenerationResult, cancel: Callable[[], None]):
         self.result = result
         self._pieces = pieces
         self._cancel = cancel
+        self._reading = threading.Lock()  # one reader at a time (a generator cannot run in two threads)
 
     def __iter__(self) -> Stream:
         return self
 
     def __next__(self) -> str:
-        return next(self._pieces)
+        with self._reading:
+            return next(self._pieces)
 
     def cancel(self) -> None:
-        self._cancel.set()
+        """Stop generation (from any thread): iteration ends at the next piece, finish_reason "cancelled"."""
+        self._cancel()
 
     def close(self) -> None:
-        self._pieces.close()
+        """Stop generation and end the stream; from another thread while it is being read, like ``cancel``."""
+        self._cancel()
+        if not self._reading.acquire(blocking=False):
+            return  # being read now: the reader's next piece ends it
+        try:
+            self._pieces.close()
+        finally:
+            self._reading.release()
         if self.result.finish_reason is None:
             self.result.finish_reason = "cancelled"
 

@@ -112,6 +112,19 @@ def read_chat_template(path: str | Path) -> str:
     return text
 
 
+def _check_text(text) -> None:
+    """Text the tokenizer can take: a str that is valid Unicode (no unpaired surrogates)."""
+    if not isinstance(text, str):
+        raise SpecdecError(f"the prompt must be a string, got {type(text).__name__}.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SpecdecError(
+            f"the prompt has an unpaired surrogate (U+{ord(text[e.start]):04X}) at character {e.start}, which is not "
+            "valid Unicode; fix the text (e.g. decode its bytes with errors='replace')."
+        ) from None
+
+
 class Tokenizer:
     """Encode, decode and chat-format text for one model family."""
 
@@ -159,6 +172,7 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids for ``text``; prepends BOS when the model wants it and the
         tokenizer's own post-processor did not add it."""
+        _check_text(text)
         ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
@@ -230,13 +244,14 @@ class IncrementalDecoder:
             return ""
         return self._advance(text, prefix_text)
 
-    def flush(self) -> str:
-        """Return whatever is still held back (e.g. an incomplete character at the end)."""
+    def flush(self, complete_only: bool = False) -> str:
+        """Return whatever is still held back; an incomplete character at the end comes out as U+FFFD,
+        or, with ``complete_only``, is left out (the generation was cut inside it)."""
         if len(self._ids) == self._read:
             return ""
         prefix_text = self._decode(self._ids[: self._read])
-        text = self._decode(self._ids)
-        return self._advance(text, prefix_text)
+        text = self._advance(self._decode(self._ids), prefix_text)
+        return text.rstrip(_INCOMPLETE) if complete_only else text
 
     def _advance(self, text: str, prefix_text: str) -> str:
         # The pending ids become the next window's prefix.

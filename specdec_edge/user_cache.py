@@ -1,4 +1,5 @@
-"""Where specdec-edge keeps what it makes once per machine: the default bundle, measured step costs."""
+"""Where specdec-edge keeps what it makes once per machine: the default bundle, measured step costs, the record of
+files already hashed (``bundle.HashRecord``)."""
 
 from __future__ import annotations
 

@@ -85,8 +85,17 @@ def test_cycle_detection_finds_a_cycle():
 def test_layers_import_downwards_only():
     graph = import_graph()
     above = {
-        "specdec_edge.runtime": ("speculative", "pipeline", "streaming", "cli", "bench", "export", "demo"),
-        "specdec_edge.speculative": ("pipeline", "streaming", "cli", "bench", "export", "demo"),
+        "specdec_edge.runtime": (
+            "speculative",
+            "pipeline",
+            "generation",
+            "streaming",
+            "cli",
+            "bench",
+            "export",
+            "demo",
+        ),
+        "specdec_edge.speculative": ("pipeline", "generation", "streaming", "cli", "bench", "export", "demo"),
         "specdec_edge.bundle": ("runtime", "speculative", "pipeline", "export"),
     }
     for module, edges in graph.items():

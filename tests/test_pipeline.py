@@ -38,7 +38,8 @@ def test_generate_matches_plain_and_streams_the_same_text(pipe, plain):
     for prompt in ["The quick brown fox", "def add(a, b):", MESSAGES, "héllo wörld 🙂"]:
         spec, ref = pipe.generate(prompt, max_new_tokens=30), plain.generate(prompt, max_new_tokens=30)
         assert spec.token_ids == ref.token_ids and spec.text == ref.text
-        assert spec.text == pipe.tokenizer.decode(spec.token_ids)
+        full = pipe.tokenizer.decode(spec.token_ids)  # a character cut by the length limit is left out of the text
+        assert spec.text == (full if spec.finish_reason == "eos" else full.rstrip("\ufffd"))
         assert spec.finish_reason in ("eos", "length") and spec.stats.new_tokens >= len(spec.token_ids)
         assert "".join(pipe.stream(prompt, max_new_tokens=30)) == spec.text
         assert ref.stats.tokens_per_pass == 1.0

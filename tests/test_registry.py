@@ -111,15 +111,20 @@ def test_options_are_parsed_and_checked():
     assert METHODS["medusa-typical"].check_options({"delta": 0.5}) == ({}, {"epsilon": 0.09, "delta": 0.5})
     assert METHODS["lookahead"].check_options({"prompt_ngrams": "false"})[0]["prompt_ngrams"] is False
     bad = [
-        ("pld", {"max_ngram": 0}, r"max_ngram=0 is invalid; use an integer >= 1 \(default: 3\)"),
+        ("pld", {"max_ngram": 0}, r"max_ngram=0 is invalid; use an integer from 1 to 64 \(default: 3\)"),
+        ("pld", {"max_ngram": 65}, r"max_ngram=65 is invalid; use an integer from 1 to 64"),
         ("pld", {"max_ngram": "abc"}, "max_ngram='abc' is invalid"),
         ("pld", {"max_ngram": True}, "max_ngram=True is invalid"),
         ("pld", {"max_ngram": 2.5}, "max_ngram=2.5 is invalid"),
         ("pld", {"windw": 2}, r"it has no option 'windw' \(its options: max_ngram, min_ngram\)"),
         ("plain", {"window": 2}, r"it has no option 'window' \(its options: none\)"),
-        ("lookahead", {"ngram": 1}, "ngram=1 is invalid; use an integer >= 2"),
+        ("lookahead", {"ngram": 1}, "ngram=1 is invalid; use an integer from 2 to 16"),
+        ("lookahead", {"window": 0}, "window=0 is invalid; use an integer from 1 to 64"),
+        ("lookahead", {"window": 10**12}, "window=1000000000000 is invalid"),  # would allocate terabytes
         ("lookahead", {"seed": -1}, "seed=-1 is invalid"),
-        ("medusa-typical", {"epsilon": 0}, "epsilon=0 is invalid; use a number > 0"),
+        ("medusa-typical", {"epsilon": 0}, r"epsilon=0 is invalid; use a number in \(0, 1\]"),
+        ("medusa-typical", {"delta": 0}, "delta=0 is invalid; use a number > 0"),
+        ("eagle", {"nodes": 65}, "nodes=65 is invalid; use an integer from 1 to 64"),
         ("medusa-typical", {"epsilon": float("inf")}, "epsilon=inf is invalid"),
         ("medusa", {"tree": "[[0], []]"}, "tree="),
         ("medusa", {"tree": "0,1"}, "tree="),

@@ -8,6 +8,7 @@ only after every graph validated, so a failed or interrupted export leaves nothi
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -48,6 +49,32 @@ class _Stage:
             print(f" {status} ({time.perf_counter() - self.t0:.1f} s)", file=sys.stderr, flush=True)
 
 
+def physical_memory() -> int | None:
+    """Bytes of RAM in this machine, where the platform says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_capacity(capacity: int, limits: dict[str, tuple[int | None, int]], memory: int | None = None) -> None:
+    """Refuse a --capacity beyond the positions a model was trained for, or whose KV cache would not fit in
+    half of this machine's memory. ``limits``: source -> ``sources.cache_limits``."""
+    for source, (positions, _) in limits.items():
+        if positions and capacity > positions:
+            raise ExportError(
+                f"--capacity {capacity} exceeds the {positions} positions that {source} handles "
+                f"(max_position_embeddings); use --capacity {positions} or less (the default is 2048)."
+            )
+    need = capacity * sum(per_token for _, per_token in limits.values())
+    memory = memory or physical_memory()
+    if memory and need > memory // 2:
+        raise ExportError(
+            f"--capacity {capacity} needs a {need / 1e9:.1f} GB KV cache, more than half of this machine's "
+            f"{memory / 1e9:.1f} GB of memory; use a smaller --capacity (the default is 2048)."
+        )
+
+
 def export_bundle(
     target: str,
     out: str | Path,
@@ -80,12 +107,19 @@ def export_bundle(
         raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
     if capacity < 16:
         raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
-    from specdec_edge.export.sources import load_model, resolve_source
+    from specdec_edge.export.heads_folder import read_head_config
+    from specdec_edge.export.sources import cache_limits, load_model, resolve_source
 
-    # Fail on bad paths and an occupied --out before the slow load.
+    # Fail on bad paths, an occupied --out, heads folders and the capacity before the slow load.
     for source in filter(None, (target, draft)):
         resolve_source(source)
     prepare_out_dir(Path(out), force)
+    methods = [read_head_config(Path(folder)).method for folder in heads]
+    if len(set(methods)) < len(methods):
+        raise ExportError(f"two heads folders of one method were given ({', '.join(methods)}); pass one per method.")
+    check_capacity(
+        capacity, {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
+    )
     if dtype == "gguf" and not all(str(s).endswith(".gguf") for s in filter(None, (target, draft))):
         raise ExportError(
             "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."

@@ -17,7 +17,7 @@ from torch import nn
 
 from specdec_edge.errors import ExportError
 from specdec_edge.export.head_modules import FrozenTarget, HeadConfig
-from specdec_edge.export.head_recipes import build_head
+from specdec_edge.export.head_recipes import RECIPES, build_head
 
 
 def trainable_state(head: nn.Module) -> dict:
@@ -38,18 +38,28 @@ def save_heads(folder: Path, head: nn.Module, vocab_ids: np.ndarray) -> Path:
     return folder
 
 
+def read_head_config(folder: Path) -> HeadConfig:
+    """The ``HeadConfig`` of a heads folder, or an ExportError saying it is not one (cheap: no weights read)."""
+    folder = Path(folder)
+    what = f"{folder} is not a heads folder (config.json + weights.safetensors from `specdec-edge train-draft`)"
+    if not (folder / "config.json").is_file() or not (folder / "weights.safetensors").is_file():
+        raise ExportError(f"{what}; train one with `specdec-edge train-draft --method eagle|medusa --out DIR`.")
+    try:
+        cfg = HeadConfig(**json.loads((folder / "config.json").read_text()))
+    except (ValueError, TypeError) as e:
+        raise ExportError(f"{what}: its config.json is unreadable ({e}); train the heads again.") from None
+    if cfg.method not in RECIPES:
+        raise ExportError(f"{what}: its method {cfg.method!r} is not one of {', '.join(RECIPES)}.")
+    return cfg
+
+
 def load_heads(folder: Path, embed: np.ndarray, lm_head: np.ndarray, embed_dtype=np.float16) -> nn.Module:
     """The head saved in ``folder`` over the target's embedding [V, H] (held as ``embed_dtype``) and LM head
     [V, H], in eval mode."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    if not (folder / "config.json").is_file() or not (folder / "weights.safetensors").is_file():
-        raise ExportError(
-            f"{folder} is not a heads folder (config.json + weights.safetensors); "
-            "train one with `specdec-edge train-draft`."
-        )
-    cfg = HeadConfig(**json.loads((folder / "config.json").read_text()))
+    cfg = read_head_config(folder)
     if embed.shape != (cfg.vocab_size, cfg.hidden_size):
         raise ExportError(
             f"heads in {folder} were trained for vocab {cfg.vocab_size} x hidden {cfg.hidden_size}, "

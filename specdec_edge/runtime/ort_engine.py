@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.runtime.base import Engine, StepOutput, pad_step
-from specdec_edge.runtime.sessions import bind_host_outputs, create_session
+from specdec_edge.runtime.sessions import bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 
 
@@ -39,6 +39,7 @@ class OrtEngine(Engine):
     ):
         self.graph = graph
         self.session = create_session(model_path, cpu_session_options(CpuThreads(threads, spinning)), provider)
+        check_contract(self.session, graph, model_path)
         spec = graph.cache
         # Passes narrower than this are padded (export/invariance.py measured the graph); the slots the
         # padding writes past the last real token are kept free.

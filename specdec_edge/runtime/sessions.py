@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
-from specdec_edge.errors import SpecdecError
+from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.runtime.threads import OWN_SESSIONS, PROCESS_POOL
 
@@ -111,7 +111,13 @@ def create_session(model_path, opts: ort.SessionOptions, provider: str, provider
                 "Load the bundle's ONNX graph instead, or rebuild with `specdec-edge build-engines BUNDLE` on "
                 "this device."
             ) from None
-        raise
+        if isinstance(model_path, bytes):
+            raise
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BundleError(
+            f"ONNX Runtime could not load {model_path} ({reason[:300]}); the file may be damaged: run "
+            "`specdec-edge verify BUNDLE` on its bundle, then re-copy or re-export the bundle."
+        ) from None
     used = session.get_providers()[0]
     if used != wanted:
         raise SpecdecError(
@@ -119,6 +125,47 @@ def create_session(model_path, opts: ort.SessionOptions, provider: str, provider
             "missing or mismatched?); fix the GPU setup or use provider='cpu'."
         )
     return session
+
+
+def check_contract(session, graph: GraphSpec, model_path) -> None:
+    """The manifest's graph contract (cache layers, shapes and dtype, vocabulary) against the graph's own
+    inputs and outputs, before any buffer is sized by it: a mismatch is a ``BundleError``."""
+    spec = graph.cache
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    element = "tensor(float16)" if spec.dtype == "float16" else "tensor(float)"
+    have = sorted(n for n in inputs if n not in ("input_ids", "position_ids", "attention_bias", "logits_to_keep"))
+    problem = want = None
+    if len(have) != 2 * spec.num_layers:  # first, so that a damaged layer count builds no huge name list
+        problem = f"{len(have)} cache inputs, the manifest says {spec.num_layers} layers"
+    else:
+        want = [spec.input_name(layer, kind) for layer in range(spec.num_layers) for kind in ("key", "value")]
+        presents = [spec.output_name(layer, kind) for layer in range(spec.num_layers) for kind in ("key", "value")]
+        if sorted(want) != have:
+            problem = f"cache inputs {have[:2]}... != the manifest's {want[:2]}..."
+        elif missing := [name for name in presents if name not in outputs]:
+            problem = f"no cache output {missing[0]!r}"
+    if problem is None:
+        for name in want:
+            shape, dims = inputs[name].shape, [spec.num_kv_heads, spec.capacity, spec.head_dim]
+            if (
+                inputs[name].type != element
+                or len(shape) != 4
+                or any(isinstance(d, int) and d != w for d, w in zip(shape[1:], dims))
+            ):
+                problem = f"{name} is {inputs[name].type} {shape}, the manifest says {element} [batch, {dims}]"
+                break
+    logits = outputs.get("logits")
+    vocab = logits.shape[-1] if logits is not None and logits.shape else None
+    if problem is None and (logits is None or (isinstance(vocab, int) and vocab != graph.vocab_size)):
+        problem = f"logits {None if logits is None else logits.shape} != vocabulary {graph.vocab_size}"
+    if problem is None and graph.has_hidden_states != ("hidden_states" in outputs):
+        problem = f"hidden_states output {'missing' if graph.has_hidden_states else 'not in the manifest'}"
+    if problem:
+        raise BundleError(
+            f"{model_path} does not match its manifest ({problem}); the manifest or the graph is damaged: "
+            "run `specdec-edge verify BUNDLE`, then re-copy or re-export the bundle."
+        )
 
 
 def session_options(threads: int | None = None, share_process: bool = False) -> ort.SessionOptions:

@@ -55,6 +55,7 @@ class Option:
     help: str
     low: float | None = None  # the smallest valid value (ints and floats)
     strict: bool = False  # the value must exceed ``low``
+    high: float | None = None  # the largest valid value (bounds the proposer's work and memory)
     for_rule: bool = False  # an option of the acceptance rule, not of the proposer
 
     def describe(self) -> str:
@@ -65,14 +66,20 @@ class Option:
             "bool": "true or false",
             "tree": "a list of rank paths such as [[0], [1], [0, 0]]",
         }[self.kind]
-        if self.low is not None:
+        if self.low is not None and self.high is not None:
+            what += f" from {self.low:g} to {self.high:g}" if not self.strict else f" in ({self.low:g}, {self.high:g}]"
+        elif self.low is not None:
             what += f" {'>' if self.strict else '>='} {self.low:g}"
         return what
 
     def parse(self, method: str, value: Any) -> Any:
         """``value`` as this option's type, or a SpecdecError that names the method, option and valid values."""
         parsed = _PARSERS[self.kind](value)
-        bad = parsed is None or (self.low is not None and (parsed <= self.low if self.strict else parsed < self.low))
+        bad = (
+            parsed is None
+            or (self.low is not None and (parsed <= self.low if self.strict else parsed < self.low))
+            or (self.high is not None and parsed > self.high)
+        )
         if bad:
             default = "the bundle's setting" if self.default is None else json.dumps(self.default)
             raise SpecdecError(
@@ -196,24 +203,26 @@ class Method:
 # ---- the proposers' options (shared by the methods that combine them)
 
 PLD_OPTIONS = (
-    Option("max_ngram", "int", 3, "longest n-gram matched", low=1),
-    Option("min_ngram", "int", 1, "shortest n-gram matched", low=1),
+    Option("max_ngram", "int", 3, "longest n-gram matched", low=1, high=64),
+    Option("min_ngram", "int", 1, "shortest n-gram matched", low=1, high=64),
 )
 LOOKAHEAD_OPTIONS = (
-    Option("window", "int", 4, "Jacobi window columns", low=1),
-    Option("ngram", "int", 3, "n-gram size of the pool", low=2),
-    Option("guesses", "int", 4, "pool n-grams verified per step", low=0),
+    Option("window", "int", 4, "Jacobi window columns", low=1, high=64),
+    Option("ngram", "int", 3, "n-gram size of the pool", low=2, high=16),
+    Option("guesses", "int", 4, "pool n-grams verified per step", low=0, high=64),
     Option("prompt_ngrams", "bool", True, "seed the pool with the prompt's n-grams"),
     Option("seed", "int", 0, "seed of the initial window guesses", low=0),
 )
 EAGLE_OPTIONS = (
-    Option("topk", "int", None, "children per expanded node (bundle default, else 3)", low=1),
-    Option("nodes", "int", None, "tree nodes verified (bundle default, else 5)", low=1),
-    Option("depth", "int", None, "tree depth (bundle default, else k)", low=1),
+    Option("topk", "int", None, "children per expanded node (bundle default, else 3)", low=1, high=64),
+    Option("nodes", "int", None, "tree nodes verified (bundle default, else 5)", low=1, high=64),
+    Option("depth", "int", None, "tree depth (bundle default, else k)", low=1, high=64),
 )
 MEDUSA_OPTIONS = (Option("tree", "tree", None, "rank paths of the static tree (bundle default)"),)
 TYPICAL_OPTIONS = (
-    Option("epsilon", "float", 0.09, "typical acceptance: probability floor", low=0, strict=True, for_rule=True),
+    Option(
+        "epsilon", "float", 0.09, "typical acceptance: probability floor", low=0, strict=True, high=1, for_rule=True
+    ),
     Option("delta", "float", 0.3, "typical acceptance: entropy factor", low=0, strict=True, for_rule=True),
 )
 
@@ -320,7 +329,7 @@ _METHODS = (
         "pld-eagle",
         "prompt lookup where a 2+ token n-gram repeats, else the EAGLE head",
         _pld_eagle,
-        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1), *EAGLE_OPTIONS),
+        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1, high=64), *EAGLE_OPTIONS),
         needs=("eagle",),
     ),
 )

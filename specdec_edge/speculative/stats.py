@@ -68,6 +68,7 @@ class Stats:
     # Per proposer that made the verified proposals ("plain" for steps without one): pld, eagle, ... -- for a
     # combined method (auto, pld-eagle) this shows which proposer ran how often and how well.
     by_proposer: dict[str, ProposerStats] = field(default_factory=dict)
+    resumes: int = 0  # times the generation went on after another call had used the engines (prefill again)
 
     @property
     def decode_s(self) -> float:

@@ -1,0 +1,233 @@
+"""One call's decode steps, resumable, and the lease by which calls share a pipeline's engines.
+
+A pipeline has one set of engines (their KV caches) and one proposer per method: one generation
+at a time can use them. A lock held for a whole stream would let a stream that its reader
+abandoned (or merely forgot to close) block every later call. Instead each *step* takes them:
+
+* a generation that has just run a step keeps a short lease on the engines (``LEASE_S``), so a
+  stream whose reader comes back quickly runs on without interruption, and ``generate``, which
+  reads its own steps back to back, is never interrupted;
+* once the lease has run out (a slow reader, or a stream nobody reads any more), the call that has
+  waited longest takes the engines (first come, first served, so no call waits for ever); a call from
+  the thread that holds the lease may take them at once (that thread is evidently not reading the
+  stream);
+* a generation that lost the engines goes on later from its own context (prompt + the tokens it
+  emitted): it prefills that context again and continues with the same sampling generator, so
+  nothing is lost (``Generation.resumes`` counts how often);
+* cancelling a generation, or closing it, frees the engines at once, from any thread; one that is
+  waiting for them notices a cancel within ``POLL_S``.
+
+Resuming does not change what is generated: greedy tokens are the target's own argmax for the same
+context, and sampling keeps the target's distribution. (The re-prefilled cache is computed in wider
+passes; on batch-invariant bundles those give the same bits, elsewhere only near-ties could differ,
+and near-ties are counted in the stats.) Light: no model code here.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+import weakref
+from collections import Counter
+from dataclasses import fields
+
+from specdec_edge.errors import SpecdecError
+from specdec_edge.sampling import SamplingParams, make_rng
+from specdec_edge.speculative.loop import Emitted, decode
+from specdec_edge.speculative.stats import Stats
+
+LEASE_S = 0.25  # how long a generation keeps the engines between two of its steps
+POLL_S = 0.05  # how often a waiting generation looks at its cancel flag
+
+
+class EngineLease:
+    """What the pipelines over one set of engines share: who runs the next step, whose context the
+    caches hold, and whether the engines were closed."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.holder: int | None = None  # the generation running a step now, or holding the lease
+        self.holder_thread: int | None = None  # the thread that ran its last step
+        self.running = False  # a step is in progress (the engines are in use)
+        self.until = 0.0  # when the holder's lease ends (time.monotonic)
+        self.cached: int | None = None  # the generation whose context the caches and proposers hold
+        self.closed = False
+        self.waiting: collections.deque[int] = collections.deque()  # generations waiting for a step, in order
+        self.pipelines: weakref.WeakSet = weakref.WeakSet()  # every pipeline over these engines
+        self._ids = itertools.count(1)
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def acquire(self, gen: int, cancel: threading.Event) -> bool:
+        """Wait until generation ``gen`` may run a step, and mark the engines in use; False (nothing
+        taken) when it is cancelled or the engines are closed first. Waiting generations take the
+        engines in the order they asked (first come, first served), so none waits for ever."""
+        me = threading.get_ident()
+        with self.cond:
+            if self.holder != gen:
+                self.waiting.append(gen)
+            try:
+                while True:
+                    if cancel.is_set() or self.closed:
+                        return False
+                    if self.holder == gen:  # its own lease: go on
+                        break
+                    free = self.holder is None or self.holder_thread == me or time.monotonic() >= self.until
+                    if not self.running and free and self.waiting[0] == gen:
+                        break  # its turn; a holder whose reader is away resumes later
+                    wait = POLL_S  # a cancel is noticed within it; the engines freed wake the queue at once
+                    if self.waiting[0] == gen and not self.running:  # next in line: wake when the lease ends
+                        wait = min(POLL_S, max(self.until - time.monotonic(), 0.0) + 1e-3)
+                    self.cond.wait(wait)
+            finally:
+                if gen in self.waiting:
+                    self.waiting.remove(gen)
+                    self.cond.notify_all()  # the next in line may go
+            self.holder, self.holder_thread, self.running = gen, me, True
+            return True
+
+    def release(self, gen: int, keep: bool, cancel: threading.Event) -> None:
+        """After a step of ``gen``: keep a lease on the engines (it goes on) or free them (it ended or
+        was cancelled)."""
+        with self.cond:
+            self.running = False
+            if keep and not cancel.is_set():
+                self.until = time.monotonic() + LEASE_S
+            elif self.holder == gen:
+                self.holder = None
+            self.cond.notify_all()
+
+    def drop(self, gen: int) -> None:
+        """Free ``gen``'s lease now (a step it is running still ends first, then frees them itself)."""
+        with self.cond:
+            if self.holder == gen and not self.running:
+                self.holder = None
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        """No step may start any more; wait for a running one to end."""
+        with self.cond:
+            self.closed = True
+            while self.running:
+                self.cond.wait()
+            self.holder = self.cached = None
+            self.cond.notify_all()
+
+
+class Generation:
+    """The decode steps of one call: an iterator of ``Emitted`` that takes the engines one step at a
+    time (see the module docstring). ``stats`` (the result's) stays current after every step."""
+
+    def __init__(self, pipe, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats):
+        self.pipe, self.lease = pipe, pipe._lease
+        self.id = self.lease.new_id()
+        self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
+        self.prompt_tokens = len(self.context)
+        self.params, self.left = params, max_new_tokens
+        self.rng = make_rng(params.seed)
+        self.stats = stats
+        self.cancelled = threading.Event()
+        self.resumes = 0  # times it went on after another call had used the engines (also in stats.resumes)
+        self.done = False
+        self._steps = None  # the running ``decode`` generator
+        self._earlier: Stats | None = None  # what the runs before the last resume did
+        self._run_stats = stats  # what the current run does (the result's own stats until a resume)
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> Emitted:
+        if self.done:
+            raise StopIteration
+        if not self.lease.acquire(self.id, self.cancelled):
+            return self._end("cancelled")
+        try:
+            if self._steps is None or self.lease.cached != self.id:
+                self._start()
+            step = next(self._steps)
+        except BaseException:
+            self.lease.cached = None  # the caches' state is unknown now
+            self.lease.release(self.id, False, self.cancelled)
+            self.done, self._steps = True, None
+            raise
+        self.context.extend(step.tokens)
+        self.left -= len(step.tokens)
+        self._publish()
+        if step.finish_reason is not None:
+            self.done, self._steps = True, None
+        self.lease.release(self.id, not self.done, self.cancelled)
+        return step
+
+    def _start(self) -> None:
+        """Prefill this generation's context (again, after another call used the engines) and run on."""
+        pipe = self.pipe
+        if self._steps is not None:
+            self.resumes += 1
+            self._earlier = add_stats(self._earlier or Stats(), self._run_stats)
+            self._run_stats = Stats()
+        self._steps = decode(
+            pipe.engine,
+            pipe.proposer,
+            self.context,
+            max_new_tokens=self.left,
+            params=self.params,
+            k=pipe.k,
+            eos_ids=pipe.tokenizer.eos_token_ids,
+            rng=self.rng,
+            stats=self._run_stats,
+            rule=pipe.rule,
+        )
+        self.lease.cached = self.id
+
+    def _publish(self) -> None:
+        if self._earlier is None:  # one run so far: decode wrote into the result's stats itself
+            return
+        merged = add_stats(self._earlier, self._run_stats)
+        merged.prompt_tokens, merged.resumes = self.prompt_tokens, self.resumes
+        for f in fields(Stats):
+            setattr(self.stats, f.name, getattr(merged, f.name))
+
+    def _end(self, reason: str) -> Emitted:
+        self.close()
+        return Emitted([], reason)
+
+    def cancel(self) -> None:
+        """Stop at the next step (safe from any thread) and free the engines now unless a step is running."""
+        self.cancelled.set()
+        self.lease.drop(self.id)
+
+    def close(self) -> None:
+        """End this generation (from the thread reading it)."""
+        self.done, self._steps = True, None
+        self.lease.drop(self.id)
+
+
+def add_stats(a: Stats, b: Stats) -> Stats:
+    """The stats of two runs of one generation: counters, timers and per-proposer stats added, the smallest
+    logit gap kept."""
+    out = Stats()
+    for f in fields(Stats):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, Counter):
+            value = Counter(x)
+            value.update(y)
+        elif isinstance(x, dict):  # by_proposer: name -> ProposerStats
+            value = {}
+            for part in (x, y):
+                for name, entry in part.items():
+                    value.setdefault(name, type(entry)()).add(entry)
+        elif f.name == "min_logit_gap":
+            value = min((v for v in (x, y) if v is not None), default=None)
+        elif isinstance(x, (int, float)) and not isinstance(x, bool):
+            value = x + y
+        else:
+            value = y
+        setattr(out, f.name, value)
+    return out
+
+
+def closed_error() -> SpecdecError:
+    return SpecdecError("this pipeline was closed; load the bundle again with Pipeline.load(...).")
