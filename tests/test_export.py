@@ -163,7 +163,9 @@ def test_unknown_architecture(tmp_path):
 
 def test_vocab_mismatch(tiny_llama_dir, tmp_path):
     other = make_model(tmp_path / "other", "llama", layers=1, vocab_size=300)
-    code, out = run_cli("export", "--target", tiny_llama_dir, "--draft", other, "--out", tmp_path / "o")
+    code, out = run_cli(
+        "export", "--target", tiny_llama_dir, "--draft", other, "--out", tmp_path / "o", "--capacity", 256
+    )  # within the tiny models' 512 positions
     assert_clean_error(code, out, "does not share the target's vocabulary")
     assert not (tmp_path / "o").exists()
 

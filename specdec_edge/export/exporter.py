@@ -114,16 +114,16 @@ def export_bundle(
     for source in filter(None, (target, draft)):
         resolve_source(source)
     prepare_out_dir(Path(out), force)
+    if dtype == "gguf" and not all(str(s).endswith(".gguf") for s in filter(None, (target, draft))):
+        raise ExportError(
+            "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."
+        )
     methods = [read_head_config(Path(folder)).method for folder in heads]
     if len(set(methods)) < len(methods):
         raise ExportError(f"two heads folders of one method were given ({', '.join(methods)}); pass one per method.")
     check_capacity(
         capacity, {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
     )
-    if dtype == "gguf" and not all(str(s).endswith(".gguf") for s in filter(None, (target, draft))):
-        raise ExportError(
-            "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."
-        )
     hidden_states = hidden_states or bool(heads)
 
     prog = Progress(progress)
