@@ -101,19 +101,23 @@ class Worker:
             if job.cancelled.is_set():
                 continue
             self._running = job
-            start = time.perf_counter()
             try:
-                result = self._run(job)
+                self._run(job)
             finally:
                 self._running = None
-            seconds = time.perf_counter() - start
-            self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
-            try:
-                self.on_done(result, seconds)
-            except Exception:  # metrics must never stop the worker
-                log.exception("recording a finished generation failed")
 
-    def _run(self, job: Job) -> GenerationResult | None:
+    def _record(self, result: GenerationResult | None, start: float) -> None:
+        """Metrics of a job that ran, recorded before its client hears the outcome (so a client that
+        reads /metrics after its response sees its own request counted)."""
+        seconds = time.perf_counter() - start
+        self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
+        try:
+            self.on_done(result, seconds)
+        except Exception:  # metrics must never stop the worker
+            log.exception("recording a finished generation failed")
+
+    def _run(self, job: Job) -> None:
+        start = time.perf_counter()
         try:
             stream = self.pipe.stream(job.prompt, **job.options)
             job.stream = stream
@@ -122,11 +126,12 @@ class Worker:
             with stream:
                 for piece in stream:
                     job.notify("piece", piece)
+            self._record(stream.result, start)
             job.notify("done", stream.result)
-            return stream.result
         except SpecdecError as e:  # the pipeline refused this request
+            self._record(None, start)
             job.notify("error", e)
         except Exception as e:  # a bug: report it, log it, and keep serving
             log.exception("generation failed")
+            self._record(None, start)
             job.notify("error", e)
-        return None
