@@ -72,6 +72,9 @@ class GraphSpec:
     hidden_size: int
     cache: CacheSpec
     has_hidden_states: bool = False
+    # Layers whose entering residual stream the ``layer_features`` output [B, S, n*H] concatenates (EAGLE-3
+    # heads read it); k = after k decoder layers, 0 = the embedding. Empty: no such output.
+    feature_layers: tuple = ()
     # Measured at export (export/invariance.py): True when a token's logits are bit-identical in every
     # pass width from ``min_pass_width`` up and in tree passes, so speculation is exact. The runtime
     # pads narrower passes to ``min_pass_width`` rows.
@@ -137,6 +140,7 @@ class Manifest:
             g["cache"] = CacheSpec(**g["cache"])
             g["inputs"] = tuple(g.get("inputs", ()))
             g["outputs"] = tuple(g.get("outputs", ()))
+            g["feature_layers"] = tuple(g.get("feature_layers", ()))
             return ModelSpec(**{**d, "graph": GraphSpec(**g)})
 
         tok = dict(data["tokenizer"])
@@ -517,6 +521,7 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
             "cache_capacity": g.cache.capacity,
             "vocab_size": g.vocab_size,
             "hidden_states": g.has_hidden_states,
+            "feature_layers": list(g.feature_layers),
             "batch_invariant": g.batch_invariant,
             "min_pass_width": g.min_pass_width,
             "tree_invariant": g.tree_invariant,

@@ -13,7 +13,7 @@ import click
 
 from specdec_edge import __version__
 from specdec_edge.errors import SpecdecError
-from specdec_edge.speculative.methods import METHODS, available_methods, head_default_choices
+from specdec_edge.speculative.methods import HEAD_METHODS, METHODS, available_methods, head_default_choices
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -71,7 +71,8 @@ def main():
     "heads",
     multiple=True,
     type=click.Path(exists=True, file_okay=False),
-    help="A trained heads folder from `train-draft` (repeatable: eagle and medusa); implies --hidden-states.",
+    help="A trained heads folder from `train-draft` (repeatable: eagle, eagle3, medusa) or an EAGLE-3 checkpoint "
+    "folder; implies --hidden-states (and the target layers EAGLE-3 heads read).",
 )
 @click.option(
     "--heads-default",
@@ -146,7 +147,7 @@ def export(
 
 
 @main.command("train-draft", context_settings=CONTEXT)
-@click.option("--method", type=click.Choice(["eagle", "medusa"]), required=True, help="Which heads to train.")
+@click.option("--method", type=click.Choice(list(HEAD_METHODS)), required=True, help="Which heads to train.")
 @click.option(
     "--target", required=True, help="Hugging Face id, model folder, .gguf file, or a bundle with hidden states."
 )
@@ -192,7 +193,9 @@ def export(
     show_default=True,
     help="Reduced draft vocabulary: the N most frequent answer tokens (0: the full vocabulary).",
 )
-@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 3 for medusa.")
+@click.option(
+    "--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 4 for eagle3, 3 for medusa."
+)
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--medusa-heads", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option(
@@ -222,12 +225,14 @@ def train_draft(
     max_minutes,
     threads,
 ):
-    """Train EAGLE or Medusa heads on the target's own greedy answers (self-distillation).
+    """Train EAGLE, EAGLE-3 or Medusa heads on the target's own greedy answers (self-distillation).
 
     \b
     Examples:
       specdec-edge train-draft --method eagle --target ./SmolLM2-135M-Instruct.Q4_1.gguf --out heads-work
       specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --heads heads-work/eagle --out bundles/eagle
+      specdec-edge train-draft --method eagle3 --target ./SmolLM2-135M-Instruct.Q4_1.gguf --out heads-work
+      specdec-edge export-drafter heads-work/eagle3 --out drafters/smollm2-eagle3   # for vLLM/SGLang/TRT-LLM
     """
     from specdec_edge.export.train_draft import train_draft as run
 
@@ -248,6 +253,29 @@ def train_draft(
         threads=threads,
     )
     click.echo(f"Wrote {method} heads to {folder}; add them with `specdec-edge export --heads {folder} ...`")
+
+
+@main.command("export-drafter", context_settings=CONTEXT)
+@click.argument("heads", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Checkpoint folder to write.")
+@click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
+def export_drafter(heads, out, force):
+    """Write trained EAGLE-3 heads as a checkpoint folder that vLLM, SGLang and TensorRT-LLM load.
+
+    The layout of the reference EAGLE-3 checkpoints (LlamaForCausalLMEagle3): config.json with
+    draft_vocab_size and the target layers read, model.safetensors with the reference tensor names
+    and the d2t/t2d draft-vocabulary maps. The target's embedding is not stored (engines share it).
+
+    \b
+    Examples:
+      specdec-edge export-drafter heads-work/eagle3 --out drafters/smollm2-eagle3
+      vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config \\
+        '{"method": "eagle3", "model": "drafters/smollm2-eagle3", "num_speculative_tokens": 4}'
+    """
+    from specdec_edge.export.eagle3_checkpoint import write_checkpoint
+
+    path = write_checkpoint(heads, out, force=force)
+    click.echo(f"Wrote EAGLE-3 drafter checkpoint {path}")
 
 
 @main.command(context_settings=CONTEXT)
@@ -286,6 +314,7 @@ def info(bundle, as_json):
             f"    {m['architecture']}, {m['layers']} layers, vocab {m['vocab_size']}, {m['dtype']}, "
             f"{m['flavour']} graph, cache {m['cache_capacity']} tokens"
             + (", hidden states" if m["hidden_states"] else "")
+            + (f", features of layers {m['feature_layers']}" if m.get("feature_layers") else "")
         )
         click.echo(
             f"    validation vs PyTorch: max rel err {_number(v.get('max_rel_err'), '.2e')} "

@@ -146,3 +146,20 @@ def heads_bundle(tmp_path_factory, tiny_llama_dir, trained):
     return export_bundle(
         str(tiny_llama_dir), out, capacity=256, heads=(trained / "eagle", trained / "medusa"), progress=False
     )
+
+
+@pytest.fixture(scope="session")
+def trained_eagle3(trained, prompts_file):
+    """An EAGLE-3 head trained in the ``trained`` work folder (same target bundle and answers)."""
+    from specdec_edge.export.train_draft import train_draft
+
+    return train_draft("eagle3", str(trained / "target-bundle"), trained, prompts=prompts_file, **TRAIN)
+
+
+@pytest.fixture(scope="session")
+def eagle3_bundle(tmp_path_factory, tiny_llama_dir, trained_eagle3):
+    """The tiny target with the trained EAGLE-3 head (its feature layers exposed), capacity 256."""
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-eagle3"
+    return export_bundle(str(tiny_llama_dir), out, capacity=256, heads=(trained_eagle3,), progress=False)

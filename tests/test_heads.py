@@ -97,7 +97,9 @@ def test_every_head_recipe_trains_exports_and_validates(tmp_path, tiny_llama_dir
     lm_head = weights.get("lm_head.weight", embed)
     vocab_ids = np.arange(0, c["vocab_size"], 2)  # a reduced draft vocabulary
     H = c["hidden_size"]
-    cfg = recipe.config(H, c["vocab_size"], len(vocab_ids), c["num_key_value_heads"], H // c["num_attention_heads"], 3)
+    cfg = recipe.config(
+        H, c["vocab_size"], len(vocab_ids), c["num_key_value_heads"], H // c["num_attention_heads"], 3, (0, 1, 1)
+    )
     assert recipe.name == cfg.method == method and recipe.epochs >= 1
     assert json.loads(json.dumps(recipe.tree)) == recipe.tree  # goes into the manifest as is
     torch.manual_seed(0)
@@ -107,6 +109,7 @@ def test_every_head_recipe_trains_exports_and_validates(tmp_path, tiny_llama_dir
         {
             "ids": rng.integers(0, c["vocab_size"], n),
             "features": rng.standard_normal((n, H)).astype(np.float16),
+            "layer_features": rng.standard_normal((n, 3 * H)).astype(np.float16),  # EAGLE-3 reads them
             "answer_start": 2,
         }
         for n in (9, 5)

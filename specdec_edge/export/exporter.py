@@ -84,6 +84,7 @@ def export_bundle(
     dtype: str = "fp32",
     capacity: int = 2048,
     hidden_states: bool = False,
+    feature_layers: tuple = (),
     heads: tuple = (),
     heads_default: str | None = None,
     default_method: str | None = None,
@@ -94,6 +95,9 @@ def export_bundle(
 ) -> Path:
     """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path.
 
+    ``feature_layers``: the target graph also outputs these layers' entering residual streams
+    (``layer_features``, what EAGLE-3 heads read); "default": EAGLE-3's low, middle and high layers
+    (``head_modules.default_feature_layers``). EAGLE-3 heads in ``heads`` set them.
     ``heads``: trained heads folders (``train-draft``) to add as graphs; implies ``hidden_states``.
     ``heads_default``: the method such a bundle runs by default (default: pld-eagle with EAGLE heads).
     ``default_method``: the method any bundle runs by default (an exact method it can run; overrides the heads').
@@ -125,10 +129,18 @@ def export_bundle(
         capacity, {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
     )
     hidden_states = hidden_states or bool(heads)
+    if heads:
+        from specdec_edge.export.heads_folder import heads_feature_layers
+
+        feature_layers = heads_feature_layers(heads, feature_layers)
 
     prog = Progress(progress)
     with prog.stage(f"[target] load {target}"):
         tgt = load_model(target, revision, capacity)
+    if feature_layers == "default":
+        from specdec_edge.export.head_modules import default_feature_layers
+
+        feature_layers = default_feature_layers(tgt.decoder.num_layers)
     if dtype == "gguf":
         with prog.stage("[target] read the GGUF's quantized blocks"):
             keep_gguf_blocks(tgt, target)
@@ -153,6 +165,7 @@ def export_bundle(
                 dtype=dtype,
                 capacity=capacity,
                 hidden_states=hidden_states,
+                feature_layers=tuple(feature_layers) if role == "target" else (),
                 prog=prog,
             )
         with prog.stage("[bundle] write tokenizer"):
@@ -221,7 +234,9 @@ def check_same_vocab(target, draft) -> None:
         )
 
 
-def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hidden_states, prog) -> dict:
+def export_graph(
+    loaded, root: Path, role: str, *, flavour, dtype, capacity, hidden_states, prog, feature_layers=()
+) -> dict:
     from specdec_edge.export.graph import build_decoder, save
     from specdec_edge.export.invariance import check_batch_invariance
     from specdec_edge.export.validate import validate_graph
@@ -231,7 +246,19 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
     folder.mkdir()
     path = folder / "model.onnx"
     with prog.stage(f"[{role}] build {flavour} graph ({cfg.num_layers} layers, {dtype})"):
-        graph = build_decoder(cfg, flavour=flavour, dtype=dtype, capacity=capacity, hidden_states=hidden_states)
+        if not all(0 <= k < cfg.num_layers for k in feature_layers):
+            raise ExportError(
+                f"feature layers {list(feature_layers)} are outside the target's layers 0..{cfg.num_layers - 1}; "
+                "train the heads for this target."
+            )
+        graph = build_decoder(
+            cfg,
+            flavour=flavour,
+            dtype=dtype,
+            capacity=capacity,
+            hidden_states=hidden_states,
+            feature_layers=feature_layers,
+        )
         save(graph, path)
         del graph
     if flavour == "portable":
@@ -252,8 +279,9 @@ def export_graph(loaded, root: Path, role: str, *, flavour, dtype, capacity, hid
         cache=CacheSpec(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity, cache_dtype),
         has_hidden_states=hidden_states,
         capacity_bias=flavour == "ort",
+        feature_layers=tuple(feature_layers),
         inputs=contract_inputs(cfg, capacity, cache_dtype, flavour),
-        outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states),
+        outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states, feature_layers),
     )
     with prog.stage(f"[{role}] batch invariance (widths 1-8, tree; bit for bit)"):
         invariance = check_batch_invariance(path, spec)
@@ -313,7 +341,7 @@ def contract_inputs(cfg, capacity, cache_dtype, flavour="ort") -> tuple:
     )
 
 
-def contract_outputs(cfg, capacity, cache_dtype, hidden_states) -> tuple:
+def contract_outputs(cfg, capacity, cache_dtype, hidden_states, feature_layers=()) -> tuple:
     outs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logits_to_keep", cfg.vocab_size]}]
     outs += [
         {
@@ -327,6 +355,16 @@ def contract_outputs(cfg, capacity, cache_dtype, hidden_states) -> tuple:
     ]
     if hidden_states:
         outs.append({"name": "hidden_states", "dtype": "float32", "shape": ["batch", "seq", cfg.hidden_size]})
+    if feature_layers:
+        outs.append(
+            {
+                "name": "layer_features",
+                "dtype": "float32",
+                "shape": ["batch", "seq", len(feature_layers) * cfg.hidden_size],
+                "meaning": f"the residual stream entering layers {list(feature_layers)} (0 = the embedding), "
+                "concatenated in that order",
+            }
+        )
     return tuple(outs)
 
 

@@ -96,9 +96,14 @@ class Builder:
 
 
 def build_decoder(
-    cfg: DecoderConfig, *, flavour: str, dtype: str, capacity: int, hidden_states: bool
+    cfg: DecoderConfig, *, flavour: str, dtype: str, capacity: int, hidden_states: bool, feature_layers=()
 ) -> onnx.ModelProto:
     """Build the decoder graph.
+
+    ``hidden_states``: also output the final-norm hidden states [B, S, H] (EAGLE, Medusa heads).
+    ``feature_layers``: also output ``layer_features`` [B, S, n*H], the residual stream entering each
+    of these layers (k = after k decoder layers; 0 = the embedding), concatenated in that order
+    (EAGLE-3 heads; the numbering of vLLM's ``eagle_aux_hidden_state_layer_ids``).
 
     ``dtype``: "fp32" or "fp16" weights everywhere; "int8": linear layers as int8 per channel, each
     activation row quantized with its own scale (``MatMulInteger``); "int4": linear layers as 4-bit
@@ -453,8 +458,10 @@ def build_decoder(
     if arch.embed_scale:
         x = b.op("Mul", x, b.const(np.sqrt(H), wdt))
     normed = rms_norm(x, "model.layers.0.input_layernorm.weight")
+    entering = {}  # layer -> the residual stream entering it, for ``feature_layers``
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}"
+        entering[i] = x
         h = attention(i, normed)
         if arch.sandwich_norm:
             h = rms_norm(h, p + ".post_attention_layernorm.weight")
@@ -491,6 +498,16 @@ def build_decoder(
     if hidden_states:
         b.rename_output(x, "hidden_states")
         b.outputs.append(helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, ["batch", "seq", H]))
+    if feature_layers:
+        if not set(feature_layers) <= set(entering):
+            raise ValueError(f"feature layers {list(feature_layers)} outside 0..{cfg.num_layers - 1}")
+        taps = [entering[k] for k in feature_layers]
+        feats = b.op("Concat", *taps, axis=-1) if len(taps) > 1 else taps[0]
+        if wdt == np.float16:
+            feats = b.op("Cast", feats, to=TensorProto.FLOAT)
+        b.rename_output(feats, "layer_features")
+        width = len(taps) * H
+        b.outputs.append(helper.make_tensor_value_info("layer_features", TensorProto.FLOAT, ["batch", "seq", width]))
 
     graph = helper.make_graph(b.nodes, "specdec_edge_decoder", b.inputs, b.outputs, initializer=b.inits)
     opsets = [helper.make_opsetid("", OPSET)]

@@ -245,6 +245,15 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
         raise ExportError(
             f"bundle {bundle} has no hidden_states output; heads read it. Re-export with --hidden-states."
         )
+    from specdec_edge.export.heads_folder import heads_feature_layers
+
+    wanted = tuple(heads_feature_layers(heads_dirs))
+    if wanted and wanted != tuple(manifest.target.graph.feature_layers):
+        raise ExportError(
+            f"the EAGLE-3 heads read target layers {list(wanted)} and bundle {bundle} outputs "
+            f"{list(manifest.target.graph.feature_layers) or 'none'}; export the model with these heads instead "
+            "(`export --heads`)."
+        )
     if out.resolve() == bundle.resolve():
         raise ExportError("--out must differ from the source bundle; the new bundle is written beside it.")
     embed, lm_head = target_weights(bundle)

@@ -1,12 +1,19 @@
-"""The torch modules of the draft heads that read the target's own hidden states: EAGLE and Medusa.
+"""The torch modules of the draft heads that read the target's own hidden states: EAGLE, EAGLE-3, Medusa.
 
-Both reuse the target's embedding and LM head (``FrozenTarget``: frozen, optionally cut to a
-reduced draft vocabulary) and train only their own small weights (``train_draft.py``).
+All reuse the target's embedding (``FrozenTarget``: frozen; EAGLE and Medusa also its LM head, cut
+to a reduced draft vocabulary) and train only their own small weights (``train_draft.py``).
 
 * ``EagleHead``: one Llama-style decoder layer over ``fc(concat(embed(x[i+1]), f[i]))``; it
   predicts the target's next feature ``f[i+1]``, whose LM-head logits give the token after
   ``x[i+1]``. Features are the target graph's ``hidden_states`` (after the final norm), so
   the LM head applies to them directly. It keeps its own small KV cache at run time.
+* ``Eagle3Head``: EAGLE-3. One decoder layer over ``(embed(x[i+1]), h[i])``, where ``h[i]`` is
+  ``fc`` of the target's features of token i from several layers (low, middle, high:
+  ``layer_features``) for committed tokens, and the head's own previous output for draft tokens.
+  It predicts no feature: its own norm and LM head over the draft vocabulary give the token after
+  ``x[i+1]``, and its output (before that norm) is what the next draft step reads. Trained with
+  "training-time test" (``head_losses.eagle3_loss``), i.e. on its own outputs several steps deep.
+  The layout of vLLM's and SGLang's ``LlamaForCausalLMEagle3`` (``eagle3_checkpoint.py``).
 * ``MedusaHeads``: K residual blocks ``h + SiLU(W_i h + b_i)``; head i on ``f[t]`` predicts
   the token ``x[t+1+i]``.
 
@@ -37,7 +44,17 @@ class HeadConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     medusa_heads: int = 0
+    # EAGLE-3: the target layers whose entering residual streams it reads (0 = the embedding), and the
+    # draft steps unrolled in training (training-time test)
+    feature_layers: list = field(default_factory=list)
+    ttt_steps: int = 0
     training: dict = field(default_factory=dict)
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layers of a ``num_layers`` target: (2, L // 2, L - 3), as vLLM picks
+    them by default, kept inside 0..L-1 (tiny targets)."""
+    return tuple(sorted(min(max(k, 0), num_layers - 1) for k in (2, num_layers // 2, num_layers - 3)))
 
 
 def rms_norm(x, weight, eps):
@@ -72,6 +89,25 @@ class FrozenTarget(nn.Module):
         return x @ self.lm_head_t
 
 
+def attention(head: nn.Module, h, positions, past_key, past_value, bias):
+    """Grouped-query attention of ``head`` (its q/k/v projections and ``cfg``) over its cache and the new rows.
+
+    h [B, S, D] (the layer's normed input), positions [B, S], past K/V [B, P, kvh, hd], bias [B, 1, S, P+S]
+    -> attention output [B, S, nh * hd], new key and value [B, S, kvh, hd]."""
+    cfg = head.cfg
+    B, S, _ = h.shape
+    q = head.q_proj(h).view(B, S, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, nh, S, hd]
+    k = head.k_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)  # [B, kvh, S, hd]
+    v = head.v_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+    q, k = rotate(q, positions, cfg.rope_theta), rotate(k, positions, cfg.rope_theta)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, S, kvh, hd]
+    keys, values = torch.cat([past_key, k], 1).transpose(1, 2), torch.cat([past_value, v], 1).transpose(1, 2)
+    g = cfg.num_heads // cfg.num_kv_heads
+    keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)  # [B, nh, P+S, hd]
+    scores = q @ keys.transpose(-1, -2) * cfg.head_dim**-0.5 + bias  # [B, nh, S, P+S]
+    return (scores.softmax(-1) @ values).transpose(1, 2).reshape(B, S, -1), k, v
+
+
 class EagleHead(nn.Module):
     """One decoder layer that predicts the target's next feature from the current one and the next token."""
 
@@ -96,23 +132,56 @@ class EagleHead(nn.Module):
 
         The cache is BSNH so that the host's committed prefix is a contiguous slice (no copy)."""
         cfg = self.cfg
-        B, S, _ = features.shape
         x = self.fc(torch.cat([self.target.embed_tokens(input_ids), features], -1))  # [B, S, H]
         h = rms_norm(x, self.input_norm, cfg.rms_eps)
-        q = self.q_proj(h).view(B, S, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, nh, S, hd]
-        k = self.k_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)  # [B, kvh, S, hd]
-        v = self.v_proj(h).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rotate(q, positions, cfg.rope_theta), rotate(k, positions, cfg.rope_theta)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, S, kvh, hd]
-        keys, values = torch.cat([past_key, k], 1).transpose(1, 2), torch.cat([past_value, v], 1).transpose(1, 2)
-        g = cfg.num_heads // cfg.num_kv_heads
-        keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)  # [B, nh, P+S, hd]
-        scores = q @ keys.transpose(-1, -2) * cfg.head_dim**-0.5 + bias  # [B, nh, S, P+S]
-        attn = (scores.softmax(-1) @ values).transpose(1, 2).reshape(B, S, -1)  # [B, S, nh * hd]
+        attn, k, v = attention(self, h, positions, past_key, past_value, bias)
         x = x + self.o_proj(attn)
         h = rms_norm(x, self.post_norm, cfg.rms_eps)
         x = x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
         return x, k, v
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3: one decoder layer over the token's embedding and a fused (or its own earlier) feature."""
+
+    def __init__(self, cfg: HeadConfig, target: FrozenTarget):
+        super().__init__()
+        self.cfg, self.target = cfg, target
+        H, nh, kvh, hd, inter = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        self.fc = nn.Linear(len(cfg.feature_layers) * H, H, bias=False)  # fusion of the target's layer features
+        self.q_proj, self.k_proj = nn.Linear(2 * H, nh * hd, bias=False), nn.Linear(2 * H, kvh * hd, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(2 * H, kvh * hd, bias=False), nn.Linear(nh * hd, H, bias=False)
+        self.gate_proj, self.up_proj = nn.Linear(H, inter, bias=False), nn.Linear(H, inter, bias=False)
+        self.down_proj = nn.Linear(inter, H, bias=False)
+        for p in self.parameters():
+            nn.init.normal_(p, 0.0, 0.02)
+        self.input_norm, self.hidden_norm = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))  # embed, feature
+        self.post_norm, self.norm = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))
+        # Its own LM head over the draft vocabulary [V', H], starting from the target's rows.
+        self.lm_head = nn.Parameter(target.lm_head_t.T.clone())
+
+    def layer_input(self, hidden, input_ids):
+        """[..., 2H]: the normed embedding of ``input_ids`` [...] beside the normed feature ``hidden`` [..., H]."""
+        eps = self.cfg.rms_eps
+        emb = rms_norm(self.target.embed_tokens(input_ids), self.input_norm, eps)
+        return torch.cat([emb, rms_norm(hidden, self.hidden_norm, eps)], -1)
+
+    def finish(self, hidden, attn):
+        """The layer's output [..., H] (before the final norm) from its input feature and attention output."""
+        x = hidden + self.o_proj(attn)
+        h = rms_norm(x, self.post_norm, self.cfg.rms_eps)
+        return x + self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    def logits(self, x):  # [..., H] -> [..., V'] over the draft vocabulary
+        return rms_norm(x, self.norm, self.cfg.rms_eps) @ self.lm_head.T
+
+    def forward(self, target_features, features, input_ids, positions, past_key, past_value, bias):
+        """target_features [B, S1, n*H] (committed tokens i: fused by ``fc``), features [B, S2, H] (draft tokens:
+        the head's own earlier outputs), input_ids [B, S1+S2] (x[i+1]), positions [B, S1+S2], past K/V
+        [B, P, kvh, hd], bias [B, 1, S, P+S] -> output [B, S, H], new key and value [B, S, kvh, hd]."""
+        hidden = torch.cat([self.fc(target_features), features], 1)  # [B, S, H]
+        attn, k, v = attention(self, self.layer_input(hidden, input_ids), positions, past_key, past_value, bias)
+        return self.finish(hidden, attn), k, v
 
 
 class MedusaHeads(nn.Module):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec_edge.export.head_modules import EagleHead, HeadConfig, MedusaHeads
+from specdec_edge.export.head_modules import Eagle3Head, EagleHead, HeadConfig, MedusaHeads
 
 TOP_K = 10  # candidates per row that a head graph returns
 
@@ -27,6 +27,26 @@ class EagleGraph(nn.Module):
         head = self.head
         out, key, value = head(features, input_ids, position_ids, past_key, past_value, attention_bias)
         logp = head.target.logits(out[0].index_select(0, logit_rows)).log_softmax(-1)  # [R, V']
+        values, idx = logp.topk(TOP_K, -1)  # [R, TOP_K]
+        return out, values, head.target.vocab_ids[idx], key, value
+
+
+class Eagle3Graph(nn.Module):
+    """EAGLE-3 head step: its outputs, top-k of the rows in ``logit_rows``, and the new key and value.
+
+    Committed tokens come as ``target_features`` (fused by the head), draft tokens as ``features``
+    (the head's own earlier outputs); either may have zero rows."""
+
+    def __init__(self, head: Eagle3Head):
+        super().__init__()
+        self.head = head
+
+    def forward(
+        self, target_features, features, input_ids, position_ids, past_key, past_value, attention_bias, logit_rows
+    ):
+        head = self.head
+        out, key, value = head(target_features, features, input_ids, position_ids, past_key, past_value, attention_bias)
+        logp = head.logits(out[0].index_select(0, logit_rows)).log_softmax(-1)  # [R, V']
         values, idx = logp.topk(TOP_K, -1)  # [R, TOP_K]
         return out, values, head.target.vocab_ids[idx], key, value
 
@@ -63,6 +83,17 @@ def _eagle_example(cfg: HeadConfig, past: int, seq: int, seed: int) -> tuple:
 def eagle_examples(cfg: HeadConfig) -> list[tuple]:
     """Two EagleGraph input sets of different sizes: the first is traced, both are validated."""
     return [_eagle_example(cfg, past=5, seq=3, seed=0), _eagle_example(cfg, past=9, seq=6, seed=1)]
+
+
+def eagle3_examples(cfg: HeadConfig) -> list[tuple]:
+    """Eagle3Graph inputs: committed rows then draft rows (traced with both); rows of one kind only, as at run time."""
+    width = len(cfg.feature_layers) * cfg.hidden_size
+    out = []
+    for (past, seq, seed), committed in (((5, 3, 0), 2), ((9, 6, 1), 6), ((7, 4, 2), 0)):
+        features, *rest = _eagle_example(cfg, past, seq, seed)
+        g = torch.Generator().manual_seed(seed + 10)
+        out.append((torch.randn(1, committed, width, generator=g), features[:, committed:], *rest))
+    return out
 
 
 def medusa_examples(cfg: HeadConfig) -> list[tuple]:

@@ -14,16 +14,24 @@ from dataclasses import dataclass
 from torch import nn
 
 from specdec_edge.errors import ExportError
-from specdec_edge.export.head_losses import eagle_loss, medusa_loss
-from specdec_edge.export.head_modules import EagleHead, FrozenTarget, HeadConfig, MedusaHeads
-from specdec_edge.export.head_onnx import EagleGraph, MedusaGraph, eagle_examples, medusa_examples
+from specdec_edge.export.head_losses import eagle3_loss, eagle_loss, medusa_loss
+from specdec_edge.export.head_modules import Eagle3Head, EagleHead, FrozenTarget, HeadConfig, MedusaHeads
+from specdec_edge.export.head_onnx import (
+    Eagle3Graph,
+    EagleGraph,
+    MedusaGraph,
+    eagle3_examples,
+    eagle_examples,
+    medusa_examples,
+)
 
 
 @dataclass(frozen=True)
 class HeadRecipe:
     name: str
-    # (hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads) -> the head's sizes for a target
-    config: Callable[[int, int, int, int, int, int], HeadConfig]
+    # (hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads, feature_layers=()) -> the head's
+    # sizes for a target (``feature_layers``: the target graph's, which EAGLE-3 reads)
+    config: Callable[..., HeadConfig]
     module: type[nn.Module]  # module(cfg, FrozenTarget) -> the head
     loss: Callable  # loss(head, seqs, batch_tokens) -> (loss, top-1 agreement); head_losses.py
     epochs: int  # the shipped heads' recipe (data/heads/README.md)
@@ -36,9 +44,10 @@ class HeadRecipe:
     outputs: tuple[str, ...]
     dynamic_axes: dict[str, dict[int, str]]
     examples: Callable[[HeadConfig], list[tuple]]  # graph inputs: the first is traced, all are validated
+    reads_layers: bool = False  # reads the target's ``layer_features`` (EAGLE-3), not only its hidden states
 
 
-def _eagle_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads) -> HeadConfig:
+def _eagle_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads, feature_layers=()):
     """One decoder layer with the target's head size and KV heads, about hidden/head_dim query heads."""
     heads = max(hidden_size // head_dim, kv_heads)
     heads -= heads % kv_heads
@@ -46,7 +55,19 @@ def _eagle_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medu
     return HeadConfig("eagle", hidden_size, vocab_size, draft_vocab, heads, kv_heads, head_dim, inter)
 
 
-def _medusa_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads) -> HeadConfig:
+EAGLE3_TTT_STEPS = 4  # draft steps unrolled in training (the paper: 7); the run-time tree is this deep
+
+
+def _eagle3_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads, feature_layers=()):
+    """EAGLE's layer sizes, reading the target graph's feature layers; ``EAGLE3_TTT_STEPS`` training steps."""
+    if not feature_layers:
+        raise ExportError("EAGLE-3 heads read the target's layer features; the target bundle has no feature layers.")
+    cfg = _eagle_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads)
+    cfg.method, cfg.feature_layers, cfg.ttt_steps = "eagle3", list(feature_layers), EAGLE3_TTT_STEPS
+    return cfg
+
+
+def _medusa_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads, feature_layers=()):
     return HeadConfig("medusa", hidden_size, vocab_size, draft_vocab, medusa_heads=medusa_heads)
 
 
@@ -80,6 +101,44 @@ RECIPES: dict[str, HeadRecipe] = {
             "value": {1: "seq"},
         },
         examples=eagle_examples,
+    ),
+    "eagle3": HeadRecipe(
+        name="eagle3",
+        config=_eagle3_config,
+        module=Eagle3Head,
+        loss=eagle3_loss,
+        epochs=4,
+        tree={"topk": 3, "nodes": 6, "depth": 4},
+        chain={"topk": 1, "nodes": 4, "depth": 4},
+        graph=Eagle3Graph,
+        inputs=(
+            "target_features",
+            "features",
+            "input_ids",
+            "position_ids",
+            "past_key",
+            "past_value",
+            "attention_bias",
+            "logit_rows",
+        ),
+        outputs=("hidden_states", "topk_logprobs", "topk_ids", "key", "value"),
+        dynamic_axes={
+            "target_features": {1: "committed"},
+            "features": {1: "drafted"},
+            "input_ids": {1: "seq"},
+            "position_ids": {1: "seq"},
+            "past_key": {1: "past"},
+            "past_value": {1: "past"},
+            "attention_bias": {2: "seq", 3: "total"},
+            "logit_rows": {0: "rows"},
+            "hidden_states": {1: "seq"},
+            "topk_logprobs": {0: "rows"},
+            "topk_ids": {0: "rows"},
+            "key": {1: "seq"},
+            "value": {1: "seq"},
+        },
+        examples=eagle3_examples,
+        reads_layers=True,
     ),
     "medusa": HeadRecipe(
         name="medusa",

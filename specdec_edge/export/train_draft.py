@@ -1,4 +1,4 @@
-"""`train-draft`: train EAGLE or Medusa heads by self-distillation on the target's own answers.
+"""`train-draft`: train EAGLE, EAGLE-3 or Medusa heads by self-distillation on the target's own answers.
 
 Stages, each resumable inside ``--out``:
 
@@ -59,12 +59,16 @@ def prepare(
     capacity: int,
     threads: int | None,
     progress: bool,
+    layers: bool = False,
 ) -> Prepared:
-    """Export (or reuse) the target bundle, generate (or reuse) the answers, pick the draft vocabulary."""
-    bundle = prepare_bundle(target, out, capacity, progress)
+    """Export (or reuse) the target bundle, generate (or reuse) the answers, pick the draft vocabulary.
+    ``layers``: the head reads the target's layer features (EAGLE-3); load them too."""
+    bundle = prepare_bundle(target, out, capacity, progress, layers)
     manifest = read_manifest(bundle)
     texts = load_prompt_texts(prompts, max_prompts, holdout)
-    data = generate_data(bundle, texts, out / "data", answer_tokens=answer_tokens, threads=threads, progress=progress)
+    data = generate_data(
+        bundle, texts, out / "data", answer_tokens=answer_tokens, threads=threads, progress=progress, layers=layers
+    )
     embed, lm_head = target_weights(bundle)
     vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, draft_vocab, manifest.tokenizer.eos_token_ids)
     return Prepared(manifest, embed, lm_head, texts, data, vocab_ids)
@@ -80,6 +84,7 @@ def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int)
         graph.cache.num_kv_heads,
         graph.cache.head_dim,
         medusa_heads,
+        graph.feature_layers,
     )
     torch.manual_seed(seed)
     return recipe.module(cfg, FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids))
@@ -275,6 +280,7 @@ def train_draft(
         capacity=capacity,
         threads=threads,
         progress=progress,
+        layers=recipe.reads_layers,
     )
     head = build_head(recipe, prep, medusa_heads, seed)
     t = Training.start(head, batches(prep.data, batch_tokens, epochs, seed), lr)

@@ -40,6 +40,7 @@ class StepOutput:
 
     logits: np.ndarray  # [N, V] float32: row j predicts the token after new token S-N+j
     hidden_states: np.ndarray | None = None  # [S, H] float32, when the graph outputs them
+    layer_features: np.ndarray | None = None  # [S, n*H] float32, when the graph has feature layers
 
 
 @dataclass

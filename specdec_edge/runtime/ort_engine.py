@@ -80,9 +80,15 @@ class OrtEngine(Engine):
         self.binding.bind_cpu_input("position_ids", step.positions)
         self.binding.bind_cpu_input("attention_bias", step.bias)
         self.binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
-        logits, hidden = bind_host_outputs(self.binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep)
+        logits, hidden, layers = bind_host_outputs(
+            self.binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep
+        )
         self.session.run_with_iobinding(self.binding)
-        return StepOutput(logits[0, :keep], None if hidden is None else hidden[0, :seq])
+        return StepOutput(
+            logits[0, :keep],
+            None if hidden is None else hidden[0, :seq],
+            None if layers is None else layers[0, :seq],
+        )
 
     def _compact(self, path: np.ndarray) -> None:
         start, n = self.length, len(path)

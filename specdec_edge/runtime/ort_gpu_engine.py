@@ -256,10 +256,14 @@ class OrtGpuEngine(Engine):
         binding.bind_cpu_input("position_ids", step.positions)
         binding.bind_cpu_input("attention_bias", step.bias)
         binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
-        logits, hidden = bind_host_outputs(binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep)
+        logits, hidden, layers = bind_host_outputs(binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep)
         self.session.run_with_iobinding(binding, self._no_graph)
         self._current = (self._current + 1) % self._slabs
-        return StepOutput(logits[0, :keep], None if hidden is None else hidden[0, :seq])
+        return StepOutput(
+            logits[0, :keep],
+            None if hidden is None else hidden[0, :seq],
+            None if layers is None else layers[0, :seq],
+        )
 
     def _compact(self, path: np.ndarray) -> None:
         src, dst = self.length + path, self.length + np.arange(len(path), dtype=np.int64)

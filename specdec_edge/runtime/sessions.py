@@ -184,18 +184,22 @@ def session_options(threads: int | None = None, share_process: bool = False) -> 
 
 
 def bind_host_outputs(binding: ort.IOBinding, buffers: dict, graph: GraphSpec, seq: int, keep: int) -> tuple:
-    """Bind reused host buffers for one step's logits [1, keep, V] (and hidden states [1, seq, H]) to
-    ``binding``; ``buffers`` caches them per shape. ONNX Runtime writes (or copies from a device) into them."""
+    """Bind reused host buffers for one step's logits [1, keep, V] (and hidden states [1, seq, H], layer
+    features [1, seq, n*H]) to ``binding``; ``buffers`` caches them per shape. ONNX Runtime writes (or copies
+    from a device) into them. Returns (logits, hidden states or None, layer features or None)."""
     if (seq, keep) not in buffers:
         if len(buffers) > 64:  # prefill chunks of many sizes: keep the cache bounded
             buffers.clear()
         hidden = np.empty((1, seq, graph.hidden_size), np.float32) if graph.has_hidden_states else None
-        buffers[seq, keep] = (np.empty((1, keep, graph.vocab_size), np.float32), hidden)
-    logits, hidden = buffers[seq, keep]
+        width = len(graph.feature_layers) * graph.hidden_size
+        layers = np.empty((1, seq, width), np.float32) if width else None
+        buffers[seq, keep] = (np.empty((1, keep, graph.vocab_size), np.float32), hidden, layers)
+    logits, hidden, layers = buffers[seq, keep]
     binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
-    if hidden is not None:
-        binding.bind_output("hidden_states", "cpu", 0, np.float32, hidden.shape, hidden.ctypes.data)
-    return logits, hidden
+    for name, array in (("hidden_states", hidden), ("layer_features", layers)):
+        if array is not None:
+            binding.bind_output(name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
+    return logits, hidden, layers
 
 
 warn_on_package_conflict()

@@ -85,6 +85,9 @@ class TensorRTEngine(Engine):
         self._outputs = {"logits": self._malloc(4 * top * vocab)}
         if graph.has_hidden_states:
             self._outputs["hidden_states"] = self._malloc(4 * top * graph.hidden_size)
+        self._feature_width = len(graph.feature_layers) * graph.hidden_size
+        if self._feature_width:
+            self._outputs["layer_features"] = self._malloc(4 * top * self._feature_width)
         self._keep = np.ones(1, dtype=np.int64)
         # logits_to_keep sizes the logits, so TensorRT usually makes it a shape-value input read on the host.
         self._keep_on_host = self._engine.is_shape_inference_io("logits_to_keep")
@@ -158,8 +161,13 @@ class TensorRTEngine(Engine):
         hidden = None
         if self.graph.has_hidden_states:
             hidden = self._download("hidden_states", (step.ids.shape[1], self.graph.hidden_size))
+        layers = None
+        if self._feature_width:
+            layers = self._download("layer_features", (step.ids.shape[1], self._feature_width))
         cuda_check(self._cudart, self._cudart.cudaStreamSynchronize(self._stream))
-        return StepOutput(logits[:keep], None if hidden is None else hidden[:seq])
+        return StepOutput(
+            logits[:keep], None if hidden is None else hidden[:seq], None if layers is None else layers[:seq]
+        )
 
     def _download(self, name: str, shape: tuple) -> np.ndarray:
         out = np.empty(shape, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""The EAGLE head at run time: its own small KV cache, and an EAGLE-2 style dynamic tree.
+"""The EAGLE and EAGLE-3 heads at run time: their own small KV cache, and an EAGLE-2 style dynamic tree.
 
 Head slot i reads ``(f[i], context[i+1])`` -- the target's feature of token i and the token
 after it -- and predicts ``f[i+1]``; its own small KV cache holds the slots of the committed
@@ -7,6 +7,10 @@ context. Each step first feeds the new true features, then grows a tree: at each
 one pass with a tree mask, each gets ``topk`` children; finally the ``nodes`` best nodes form
 the proposal. The tree is deterministic, so the loop verifies it exactly. Light: numpy and
 onnxruntime only.
+
+EAGLE-3 (``Eagle3Proposer``) differs only in what a slot reads: committed slots the target's
+layer features (``tap.layer_features``, fused inside the head graph), tree nodes their parent's
+output, as EAGLE's tree nodes read their parent's predicted feature.
 """
 
 from __future__ import annotations
@@ -48,11 +52,19 @@ class EagleProposer(Proposer):
     def prefill(self, prompt, params, rng) -> None:
         self.length = 0
 
-    def _run(self, features, ids, positions, bias, rows):
+    def _committed(self, start: int, stop: int) -> dict:
+        """Head graph inputs of committed slots start..stop-1: the target's features of those tokens."""
+        return {"features": self.tap.features[start:stop]}
+
+    def _drafted(self, features: np.ndarray) -> dict:
+        """Head graph inputs of tree nodes: their parents' outputs [S, H]."""
+        return {"features": features}
+
+    def _run(self, features: dict, ids, positions, bias, rows):
         """One head pass; the new K/V land in slots past..past+S-1 (past = bias width - S)."""
         past = bias.shape[-1] - len(ids)
         hidden, logp, top, key, value = self.graph.run(
-            features=np.ascontiguousarray(features[None], dtype=np.float32),
+            **{name: np.ascontiguousarray(f[None], dtype=np.float32) for name, f in features.items()},
             input_ids=np.asarray(ids, np.int64)[None],
             position_ids=np.asarray(positions, np.int64)[None],
             past_key=self.keys[:, :past],
@@ -71,7 +83,7 @@ class EagleProposer(Proposer):
         # 1. Feed the true features not yet in the head cache: slots length..n-2.
         start = self.length
         hidden, logp, top = self._run(
-            self.tap.features[start : n - 1],
+            self._committed(start, n - 1),
             context[start + 1 : n],
             np.arange(start, n - 1),
             causal_bias(start, n - 1 - start),
@@ -103,7 +115,7 @@ class EagleProposer(Proposer):
                 bias[0, 0, r, past + r] = 0.0
                 bias[0, 0, r, [slot[a] for a in path_to(parents, node)[:-1]]] = 0.0  # its expanded ancestors
             out, lp, ids = self._run(
-                np.stack([feats[i] for i in chosen]),
+                self._drafted(np.stack([feats[i] for i in chosen])),
                 [tokens[i] for i in chosen],
                 [n - 2 + depth] * len(chosen),
                 bias,
@@ -128,3 +140,31 @@ class EagleProposer(Proposer):
             source="eagle",
             confidence=np.exp([scores[i] for i in kept]),  # the head's probability of each node's whole path
         )
+
+
+class Eagle3Proposer(EagleProposer):
+    """EAGLE-3 head: committed slots read the target's layer features, tree nodes their parent's output."""
+
+    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 6, depth: int | None = None):
+        if tap.layer_features is None:
+            raise SpecdecError(
+                "the target graph has no layer_features output, which EAGLE-3 heads read; export the bundle "
+                "with the EAGLE-3 heads (`export --heads`)."
+            )
+        if list(tap.graph.feature_layers) != list(graph.config["feature_layers"]):
+            raise SpecdecError(
+                f"the EAGLE-3 head reads target layers {graph.config['feature_layers']} but the target graph "
+                f"outputs {list(tap.graph.feature_layers)}; export the bundle with these heads."
+            )
+        super().__init__(graph, tap, topk, nodes, depth)
+        c = graph.config
+        self._none = {
+            "target_features": np.zeros((0, len(c["feature_layers"]) * c["hidden_size"]), np.float32),
+            "features": np.zeros((0, c["hidden_size"]), np.float32),
+        }
+
+    def _committed(self, start: int, stop: int) -> dict:
+        return {"target_features": self.tap.layer_features[start:stop], "features": self._none["features"]}
+
+    def _drafted(self, features: np.ndarray) -> dict:
+        return {"target_features": self._none["target_features"], "features": features}

@@ -2,8 +2,9 @@
 
 ``FeatureTap`` wraps the target engine and keeps the feature of every committed cache slot
 (prefill chunks and accepted tree paths alike), so after any step ``tap.features[i]`` is the
-target's final-norm hidden state of ``context[i]`` for every ``i < tap.length``. The pending
-token has no feature yet. The decode loop drives the tap like any engine.
+target's final-norm hidden state of ``context[i]`` for every ``i < tap.length``; where the graph
+has feature layers (EAGLE-3), ``tap.layer_features[i]`` likewise holds the residual streams entering
+them. The pending token has no feature yet. The decode loop drives the tap like any engine.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ class FeatureTap(Engine):
         self.measured_by_export = engine.measured_by_export
         self.capacity = engine.capacity
         self.features = np.zeros((engine.capacity, engine.graph.hidden_size), dtype=np.float32)  # [capacity, H]
-        self._hidden = None  # [S, H] of the last run
+        width = len(engine.graph.feature_layers) * engine.graph.hidden_size
+        # [capacity, n*H] when the graph has feature layers, else None
+        self.layer_features = np.zeros((engine.capacity, width), dtype=np.float32) if width else None
+        self._hidden = self._layers = None  # [S, H] and [S, n*H] of the last run
 
     @property
     def length(self) -> int:
@@ -42,13 +46,15 @@ class FeatureTap(Engine):
 
     def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepOutput:
         out = self.engine.run(input_ids, position_ids, attention_bias, logits_to_keep)
-        self._hidden = out.hidden_states  # valid until the next run; commit comes first
+        self._hidden, self._layers = out.hidden_states, out.layer_features  # valid until the next run
         return out
 
     def commit(self, n: int, path=None) -> None:
         rows = np.arange(n) if path is None else np.asarray(path, dtype=np.int64)[:n]
         start = self.engine.length
         self.features[start : start + n] = self._hidden[rows]
+        if self.layer_features is not None:
+            self.layer_features[start : start + n] = self._layers[rows]
         self.engine.commit(n, path)
 
     def _compact(self, path: np.ndarray) -> None:  # the wrapped engine compacts in its own commit

@@ -20,7 +20,7 @@ from specdec_edge.runtime.base import Engine
 from specdec_edge.speculative.acceptance import AcceptanceRule, ExactAcceptance, TypicalAcceptance
 from specdec_edge.speculative.auto import AutoProposer, Candidate
 from specdec_edge.speculative.costs import CostModel
-from specdec_edge.speculative.eagle import EagleProposer
+from specdec_edge.speculative.eagle import Eagle3Proposer, EagleProposer
 from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer
 from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
@@ -36,12 +36,13 @@ from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer
 if TYPE_CHECKING:  # only for type hints: the head sessions live in runtime/
     from specdec_edge.runtime.head_graphs import HeadGraph
 
-HEAD_METHODS = ("eagle", "medusa")  # the kinds of trained heads a bundle can carry (``needs`` entries)
+HEAD_METHODS = ("eagle", "eagle3", "medusa")  # the kinds of trained heads a bundle can carry (``needs`` entries)
 # What a missing requirement takes, for errors and the docs table.
 HOW_TO_GET = {
     "draft": "`export --draft`",
     "eagle": "EAGLE heads: `train-draft --method eagle`, `export --heads`",
     "medusa": "Medusa heads: `train-draft --method medusa`, `export --heads`",
+    "eagle3": "EAGLE-3 heads: `train-draft --method eagle3`, `export --heads`",
 }
 
 
@@ -232,6 +233,17 @@ def _eagle(res: Resources, options: dict) -> Proposer:
     return EagleProposer(head, res.target, **{**head.defaults, **options})
 
 
+def _eagle3(res: Resources, options: dict) -> Proposer:
+    head = res.heads["eagle3"]
+    return Eagle3Proposer(head, res.target, **{**head.defaults, **options})
+
+
+def _pld_eagle3(res: Resources, options: dict) -> Proposer:
+    pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
+    eagle = {k: v for k, v in options.items() if k not in pld}
+    return FirstOfProposer(PromptLookupProposer(**pld), _eagle3(res, eagle))
+
+
 def _medusa(res: Resources, options: dict) -> Proposer:
     head = res.heads["medusa"]
     return MedusaProposer(head, res.target, **{**head.defaults, **options})
@@ -332,10 +344,24 @@ _METHODS = (
         (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1, high=64), *EAGLE_OPTIONS),
         needs=("eagle",),
     ),
+    Method(
+        "eagle3",
+        "an EAGLE-3 head (one decoder layer over fused low/mid/high target features) grows a dynamic token tree",
+        _eagle3,
+        EAGLE_OPTIONS,
+        needs=("eagle3",),
+    ),
+    Method(
+        "pld-eagle3",
+        "prompt lookup where a 2+ token n-gram repeats, else the EAGLE-3 head",
+        _pld_eagle3,
+        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1), *EAGLE_OPTIONS),
+        needs=("eagle3",),
+    ),
 )
 METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
 # Exact head methods a bundle may name as its default, fastest measured on a CPU first (docs/PERFORMANCE.md).
-HEAD_DEFAULT_PREFERENCE = ("pld-eagle", "medusa", "eagle")
+HEAD_DEFAULT_PREFERENCE = ("pld-eagle3", "pld-eagle", "eagle3", "medusa", "eagle")
 
 
 def get_method(name: str) -> Method:
