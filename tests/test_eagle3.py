@@ -117,6 +117,53 @@ def test_training_lowers_the_loss(trained_eagle3, tiny_llama_dir):
     assert t["final_loss"] < 0.7 * t["first_loss"], t
 
 
+def test_training_time_test_unrolls_the_run_time_chain():
+    """The training loss's step-s log-probs at slot i are the head's when run as at run time: the committed
+    slots 0..i with the target's layer features, then a chain that feeds each output back as the next
+    step's feature (its own draft ancestors in its cache)."""
+    import torch
+
+    from specdec_edge.export.head_losses import eagle3_unroll
+    from specdec_edge.export.head_modules import Eagle3Head, FrozenTarget
+    from specdec_edge.export.head_recipes import RECIPES
+
+    rng = np.random.default_rng(0)
+    V, H, T, start = 96, 32, 14, 6
+    vocab_ids = np.arange(0, V, 2)
+    cfg = RECIPES["eagle3"].config(H, V, len(vocab_ids), 2, 8, 0, (0, 2, 3))
+    torch.manual_seed(0)
+    embed, lm_head = rng.standard_normal((V, H)), rng.standard_normal((V, H))
+    head = Eagle3Head(cfg, FrozenTarget(embed, lm_head, vocab_ids)).eval()
+    with torch.no_grad():
+        for p in (head.input_norm, head.hidden_norm, head.post_norm, head.norm):
+            p.add_(0.3 * torch.randn_like(p))
+    x = rng.integers(0, V, T)
+    seq = {
+        "ids": x,
+        "features": rng.standard_normal((T, H)).astype(np.float16),
+        "layer_features": rng.standard_normal((T, 3 * H)).astype(np.float16),
+        "answer_start": start,
+    }
+    with torch.no_grad():
+        unrolled = [logp for logp, _, _ in eagle3_unroll(head, [seq], 64)]
+        g = torch.as_tensor(seq["layer_features"]).float()[None]
+        none_g, none_f = torch.zeros(1, 0, 3 * H), torch.zeros(1, 0, H)
+        for i in (start - 1, start + 2):
+            bias = torch.zeros(1, 1, i + 1, i + 1).masked_fill(torch.ones(i + 1, i + 1).triu(1).bool(), float("-inf"))
+            empty = torch.zeros(1, 0, cfg.num_kv_heads, cfg.head_dim)
+            out, keys, values = head(g[:, : i + 1], none_f, torch.as_tensor(x[1 : i + 2])[None],
+                                     torch.arange(i + 1)[None], empty, empty, bias)  # fmt: skip
+            h = out[:, -1:]
+            for s in range(cfg.ttt_steps):
+                if s:
+                    bias = torch.zeros(1, 1, 1, keys.shape[1] + 1)  # committed slots 0..i and its ancestors
+                    ids = torch.as_tensor(x[i + 1 + s : i + 2 + s])[None]
+                    h, k, v = head(none_g, h, ids, torch.tensor([[i + s]]), keys, values, bias)
+                    keys, values = torch.cat([keys, k], 1), torch.cat([values, v], 1)
+                want = head.logits(h[0, -1]).log_softmax(-1)
+                assert torch.allclose(unrolled[s][i - (start - 1)], want, atol=1e-4), (i, s)
+
+
 def test_manifest_records_the_head_and_its_layers(eagle3_bundle):
     manifest = read_manifest(eagle3_bundle)
     assert manifest.target.graph.feature_layers == (0, 1, 1)

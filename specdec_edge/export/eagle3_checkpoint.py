@@ -99,10 +99,14 @@ def write_checkpoint(heads: str | Path, out: str | Path, force: bool = False) ->
     from safetensors.numpy import load_file, save_file
 
     from specdec_edge.bundle import prepare_out_dir
-    from specdec_edge.export.heads_folder import read_config
 
     heads = Path(heads)
-    cfg = read_config(heads)
+    if not (heads / "config.json").is_file() or not (heads / "weights.safetensors").is_file():
+        raise ExportError(
+            f"{heads} is not a heads folder (config.json + weights.safetensors); "
+            "train one with `specdec-edge train-draft --method eagle3`."
+        )
+    cfg = HeadConfig(**json.loads((heads / "config.json").read_text()))
     if cfg.method != "eagle3":
         raise ExportError(
             f"{heads} holds {cfg.method} heads; serving engines load EAGLE-3 drafters: "

@@ -11,7 +11,8 @@ than that keeps its end, where the answer is.
   scored by cross-entropy against the target's distribution of the token after that one,
   weighted 0.8^s (as in the EAGLE-3 paper; reported as KL divergence, the same gradient). Step s
   at slot i attends to step 0 at slots <= i (the committed context) and to steps 1..s at slot i
-  (its own draft ancestors): the masks of the run-time draft tree.
+  (its own draft ancestors): the masks of the run-time draft tree. Scored from the slot before
+  the answer on (the reference repository's loss mask covers the answers too).
 * Medusa: cross-entropy of head i against the token i+2 places ahead, weighted 0.8^i.
 """
 
@@ -54,51 +55,78 @@ def eagle_loss(head: EagleHead, seqs: list[dict], batch_tokens: int):
 
 def eagle3_loss(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
     """Packed sequences, ``ttt_steps`` unrolled draft steps: (loss, draft top-1 agreement at step 0)."""
+    loss, agree = 0.0, 0.0
+    for s, (logp, target_logp, valid) in enumerate(eagle3_unroll(head, seqs, batch_tokens)):
+        if valid.any():  # KL(target || head): cross-entropy less the target's entropy, so 0 is a perfect head
+            lt, lp = target_logp[valid], logp[valid]
+            loss = loss + 0.8**s * (lt.exp() * (lt - lp)).sum(-1).mean()
+            if s == 0:
+                agree = (lp.argmax(-1) == lt.argmax(-1)).float().mean().item()
+    return loss, agree
+
+
+def eagle3_unroll(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
+    """Yield per draft step s: the head's log-probs [M, V'] at the query slots, the target's [M, V'] and which
+    rows have a label [M] (see ``eagle3_loss``).
+
+    Every slot of a sequence is a key of step 0 (the committed context); the queries -- every step's
+    rows, scored -- are the slots from the one before the answer on (where drafting happens at run
+    time), which keeps the unrolled steps cheap on a CPU."""
     cfg, steps = head.cfg, head.cfg.ttt_steps
     index = _draft_rows(head)
-    g, f, ids, pos, blocks = [], [], [], [], []
-    for d in seqs:
+    nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g, key_ids, key_pos, key_seq = [], [], [], []  # per key slot i (all slots): features, x[i+1], i, sequence
+    q_row, q_pos, q_seq, q_ids, q_labels, q_feature, f_rows = [], [], [], [], [], [], []  # per query slot
+    keys = targets = 0  # rows so far of the packed keys and target features
+    for b, d in enumerate(seqs):
         x = torch.as_tensor(d["ids"][-batch_tokens:])  # [T]
         T = len(x)
-        g.append(torch.as_tensor(d["layer_features"][-batch_tokens:][: T - 1]).float())  # slots i = 0..T-2
-        # Per step s and slot i: the input token x[i+1+s], the target's feature f[i+1+s] (whose LM-head
+        start = min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)  # the answer's first token
+        g.append(torch.as_tensor(d["layer_features"][-batch_tokens:][: T - 1]).float())  # slots 0..T-2
+        key_ids.append(x[1:])
+        key_pos.append(torch.arange(T - 1))
+        key_seq.append(torch.full((T - 1,), b))
+        slots = torch.arange(start - 1, T - 1)  # [m] query slots
+        # Per step s and query slot i: the input token x[i+1+s], the target's feature f[i+1+s] (whose LM-head
         # distribution is the label) and the token x[i+2+s] the target chose (is there a label).
-        ahead = torch.arange(T - 1)[None] + torch.arange(steps)[:, None] + 1  # [steps, T-1]: i+1+s
-        inside = ahead + 1 <= T - 1
-        f.append(torch.as_tensor(d["features"][-batch_tokens:]).float()[ahead.clamp(max=T - 1)])  # [steps, T-1, H]
-        label = torch.where(inside, index[x[(ahead + 1).clamp(max=T - 1)]], IGNORE)
-        ids.append(torch.stack([x[ahead.clamp(max=T - 1)], label]))
-        pos.append(torch.arange(T - 1))
-        blocks.append(T - 1)
-    g, f, ids, pos = torch.cat(g), torch.cat(f, 1), torch.cat(ids, 2), torch.cat(pos)  # [N, nH], [steps, N, H]...
-    tokens, labels = ids  # [steps, N] each
-    N, nh, kvh, hd = len(pos), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    mask = torch.block_diag(*[torch.tril(torch.ones(n, n, dtype=torch.bool)) for n in blocks])
-    bias = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))  # [N, N] step 0: block-causal
-    hidden = head.fc(g)  # [N, H]
-    keys, values, loss, agree = [], [], 0.0, 0.0
+        ahead = (slots[None] + torch.arange(steps)[:, None] + 1).clamp(max=T - 1)  # [steps, m]
+        inside = slots[None] + torch.arange(steps)[:, None] + 2 <= T - 1
+        q_row.append(keys + slots)
+        q_pos.append(slots)
+        q_seq.append(torch.full((len(slots),), b))
+        q_ids.append(x[ahead])
+        q_labels.append(torch.where(inside, index[x[(ahead + 1).clamp(max=T - 1)]], IGNORE))
+        q_feature.append(targets + ahead - start)  # rows of f[start..T-1]
+        f_rows.append(torch.as_tensor(d["features"][-batch_tokens:][start:T]).float())
+        keys, targets = keys + T - 1, targets + T - start
+    g, key_ids, key_pos, key_seq = torch.cat(g), torch.cat(key_ids), torch.cat(key_pos), torch.cat(key_seq)
+    q_row, q_pos, q_seq = torch.cat(q_row), torch.cat(q_pos), torch.cat(q_seq)  # [M]
+    q_ids, q_labels, q_feature = torch.cat(q_ids, 1), torch.cat(q_labels, 1), torch.cat(q_feature, 1)  # [steps, M]
+    M, N = len(q_row), len(key_ids)
+    with torch.no_grad():  # the target's distributions over the draft vocabulary, once per row
+        target_logp = head.target.logits(torch.cat(f_rows)).log_softmax(-1)  # [F, V']
+    # Step 0 keys: every slot reads the fused target features of its token.
+    hidden0 = head.fc(g)  # [N, H]
+    h0 = head.layer_input(hidden0, key_ids)  # [N, 2H]
+    k0 = rotate(head.k_proj(h0).view(1, N, kvh, hd).transpose(1, 2), key_pos[None], cfg.rope_theta)
+    k0 = k0.repeat_interleave(nh // kvh, 1)  # [1, nh, N, hd]
+    v0 = head.v_proj(h0).view(1, N, kvh, hd).transpose(1, 2).repeat_interleave(nh // kvh, 1)
+    seen = (key_seq[None] == q_seq[:, None]) & (key_pos[None] <= q_pos[:, None])  # [M, N] block-causal
+    bias = torch.zeros(M, N).masked_fill(~seen, float("-inf"))
+    hidden, own_k, own_v = hidden0[q_row], [], []
     for s in range(steps):
-        h = head.layer_input(hidden, tokens[s])  # [N, 2H]
-        q = rotate(head.q_proj(h).view(1, N, nh, hd).transpose(1, 2), (pos + s)[None], cfg.rope_theta)  # [1, nh, N, hd]
-        k = rotate(head.k_proj(h).view(1, N, kvh, hd).transpose(1, 2), (pos + s)[None], cfg.rope_theta)
-        v = head.v_proj(h).view(1, N, kvh, hd).transpose(1, 2)  # [1, kvh, N, hd]
-        keys.append(k.repeat_interleave(nh // kvh, 1))
-        values.append(v.repeat_interleave(nh // kvh, 1))
-        scores = [q @ keys[0].transpose(-1, -2) * hd**-0.5 + bias]  # [1, nh, N, N]: the committed context
-        scores += [(q * kt).sum(-1, keepdim=True) * hd**-0.5 for kt in keys[1:]]  # [1, nh, N, 1]: own ancestors
+        h = h0[q_row] if s == 0 else head.layer_input(hidden, q_ids[s])  # [M, 2H]
+        q = rotate(head.q_proj(h).view(1, M, nh, hd).transpose(1, 2), (q_pos + s)[None], cfg.rope_theta)
+        if s:  # its own key and value at this depth; step 0's are among k0/v0
+            k = rotate(head.k_proj(h).view(1, M, kvh, hd).transpose(1, 2), (q_pos + s)[None], cfg.rope_theta)
+            own_k.append(k.repeat_interleave(nh // kvh, 1))  # [1, nh, M, hd]
+            own_v.append(head.v_proj(h).view(1, M, kvh, hd).transpose(1, 2).repeat_interleave(nh // kvh, 1))
+        scores = [q @ k0.transpose(-1, -2) * hd**-0.5 + bias]  # [1, nh, M, N]: the committed context
+        scores += [(q * kt).sum(-1, keepdim=True) * hd**-0.5 for kt in own_k]  # [1, nh, M, 1]: own ancestors
         attn = torch.cat(scores, -1).softmax(-1)
-        out = attn[..., :N] @ values[0] + sum(attn[..., N + t : N + t + 1] * values[1 + t] for t in range(s))
-        hidden = head.finish(hidden, out.transpose(1, 2).reshape(N, nh * hd))  # [N, H]
-        logp = head.logits(hidden).log_softmax(-1)  # [N, V']
-        with torch.no_grad():
-            logp_target = head.target.logits(f[s]).log_softmax(-1)  # the target's, over the draft vocabulary
-            p = logp_target.exp()
-        valid = labels[s] != IGNORE
-        if valid.any():  # KL(target || head): cross-entropy less the target's entropy, so 0 is a perfect head
-            loss = loss + 0.8**s * (p[valid] * (logp_target[valid] - logp[valid])).sum(-1).mean()
-        if s == 0:
-            agree = (logp.argmax(-1)[valid] == p.argmax(-1)[valid]).float().mean().item() if valid.any() else 0.0
-    return loss, agree
+        out = attn[..., :N] @ v0 + sum(attn[..., N + t : N + t + 1] * vt for t, vt in enumerate(own_v))
+        hidden = head.finish(hidden, out.transpose(1, 2).reshape(M, nh * hd))  # [M, H]
+        yield head.logits(hidden).log_softmax(-1), target_logp[q_feature[s]], q_labels[s] != IGNORE
 
 
 def _draft_rows(head: MedusaHeads) -> torch.Tensor:
