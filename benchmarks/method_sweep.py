@@ -9,13 +9,16 @@ values are JSON, items separated by ';' when a value has commas: 'medusa:k=3;tre
 Prompts: the first turns of the packaged Spec-Bench copy, the first N per category (what `bench`
 measures; `train-draft --holdout 2` keeps them out of the training data). Prints, per config:
 decode tokens/s and its ratio to plain's, tokens per target pass, the decode time split into
-draft / verify / other per emitted token, and how many outputs equal plain's.
+draft / verify / other per emitted token, and how many outputs equal plain's; then, per config, the
+share of passes that accepted at least 1, 2, 3, 4 draft tokens (for a chain, e.g.
+``eagle3:k=4,topk=1,nodes=4,depth=4``: the draft's top-1 agreement by position, cumulative).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 
 from specdec_edge import Pipeline
 from specdec_edge.bench import load_prompts
@@ -45,6 +48,7 @@ def main() -> None:
     configs = [parse_config(c) for c in args.config if c != "plain"]
     pipes = {"plain": base, **{name: base.with_method(m, k=k, **o) for name, m, k, o in configs}}
     totals = {name: {"tokens": 0, "decode": 0.0, "draft": 0.0, "verify": 0.0, "steps": 0, "same": 0} for name in pipes}
+    lengths = {name: Counter() for name in pipes}
     categories = args.categories.split(",") if args.categories else None
     prompts = load_prompts(None, categories, args.n_per_category)
     for pipe in pipes.values():  # warm-up
@@ -61,6 +65,7 @@ def main() -> None:
             t["draft"] += s.draft_s
             t["verify"] += s.verify_s
             t["steps"] += s.steps
+            lengths[name].update(s.accepted_lengths)
             want = result.token_ids if name == "plain" else want
             t["same"] += result.token_ids == want
         print(f"prompt {i + 1}/{len(prompts)} ({prompt.category}) done", flush=True)
@@ -76,6 +81,12 @@ def main() -> None:
             f"| {name} | {rate:.1f} | {rate / plain_rate:.2f}x | {n / t['steps']:.2f} | {1e3 * t['draft'] / n:.1f} "
             f"| {1e3 * t['verify'] / n:.1f} | {1e3 * other / n:.1f} | {t['same']}/{len(prompts)} |"
         )
+    print("\n| config | passes | accepted >= 1 | >= 2 | >= 3 | >= 4 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, counts in lengths.items():
+        passes = sum(counts.values()) or 1
+        share = [sum(c for n, c in counts.items() if n >= d) / passes for d in (1, 2, 3, 4)]
+        print(f"| {name} | {passes} | " + " | ".join(f"{100 * x:.0f} %" for x in share) + " |")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def main():
     type=click.Choice(head_default_choices()),
     default=None,
     help="The head method recorded with the heads (what `info` lists for them; runs when asked for or as a "
-    "--default-method). Default: pld-eagle with EAGLE heads, else medusa.",
+    "--default-method). Default: pld-eagle3 with EAGLE-3 heads, else pld-eagle with EAGLE heads, else medusa.",
 )
 @click.option(
     "--default-method",
@@ -194,7 +194,7 @@ def export(
     help="Reduced draft vocabulary: the N most frequent answer tokens (0: the full vocabulary).",
 )
 @click.option(
-    "--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 4 for eagle3, 3 for medusa."
+    "--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 8 for eagle3, 3 for medusa."
 )
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--medusa-heads", type=click.IntRange(min=1), default=4, show_default=True)
@@ -209,6 +209,13 @@ def export(
     help="Stop training after this long and save (0: no limit); rerun to continue.",
 )
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--spinning/--no-spinning",
+    default=True,
+    show_default=True,
+    help="Thread pools of the runtime that generates the answers: spinning is fastest on an idle machine, "
+    "--no-spinning on one that other jobs share.",
+)
 def train_draft(
     method,
     target,
@@ -224,6 +231,7 @@ def train_draft(
     save_every,
     max_minutes,
     threads,
+    spinning,
 ):
     """Train EAGLE, EAGLE-3 or Medusa heads on the target's own greedy answers (self-distillation).
 
@@ -251,6 +259,7 @@ def train_draft(
         save_every=save_every,
         max_minutes=max_minutes,
         threads=threads,
+        spinning=spinning,
     )
     click.echo(f"Wrote {method} heads to {folder}; add them with `specdec-edge export --heads {folder} ...`")
 

@@ -162,9 +162,10 @@ def generate_data(
     threads: int | None,
     progress: bool,
     layers: bool = False,
+    spinning: bool = True,
 ) -> list[dict]:
     """The target's greedy answers and the features of prompt + answer (and their layer features, if
-    ``layers``), cached in ``folder``."""
+    ``layers``), cached in ``folder``. ``spinning``: the runtime's thread pool (``Pipeline.load``)."""
     from tqdm import tqdm
 
     from specdec_edge.bundle import read_manifest
@@ -185,7 +186,7 @@ def generate_data(
     for p in range(0, len(texts), PART):
         path = folder / f"part-{p // PART:04d}.npz"
         if not path.is_file():
-            pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads)
+            pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads, spinning=spinning)
             _write_part(path, *_answer(pipe, texts[p : p + PART], answer_tokens))
         parts += _read_part(path, layers)
         bar.update(len(texts[p : p + PART]))

@@ -60,6 +60,7 @@ def prepare(
     threads: int | None,
     progress: bool,
     layers: bool = False,
+    spinning: bool = True,
 ) -> Prepared:
     """Export (or reuse) the target bundle, generate (or reuse) the answers, pick the draft vocabulary.
     ``layers``: the head reads the target's layer features (EAGLE-3); load them too."""
@@ -67,7 +68,14 @@ def prepare(
     manifest = read_manifest(bundle)
     texts = load_prompt_texts(prompts, max_prompts, holdout)
     data = generate_data(
-        bundle, texts, out / "data", answer_tokens=answer_tokens, threads=threads, progress=progress, layers=layers
+        bundle,
+        texts,
+        out / "data",
+        answer_tokens=answer_tokens,
+        threads=threads,
+        progress=progress,
+        layers=layers,
+        spinning=spinning,
     )
     embed, lm_head = target_weights(bundle)
     vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, draft_vocab, manifest.tokenizer.eos_token_ids)
@@ -211,6 +219,7 @@ def training_summary(
     lr: float,
     train_seconds: float,
     seconds: float,
+    cpu_seconds: float | None = None,
 ) -> dict:
     """The ``training`` section of the heads' config.json (and of a bundle's manifest)."""
     source, losses, agrees = prep.manifest.target.source, t.losses, t.agrees
@@ -232,6 +241,8 @@ def training_summary(
         "draft_top1": float(np.mean(agrees[-10:])) if agrees else None,
         "train_seconds": round(train_seconds, 1),
         "seconds": round(seconds, 1),
+        # CPU time of this process (all threads): on a shared machine, wall time / threads overstates the work
+        "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 1),
     }
 
 
@@ -255,11 +266,13 @@ def train_draft(
     threads: int | None = 2,
     seed: int = 0,
     progress: bool = True,
+    spinning: bool = True,
 ) -> Path:
     """Train ``method`` heads for ``target``; returns the heads folder ``out/<method>``.
 
     The defaults are the shipped heads' recipe (``data/heads/README.md``); ``epochs`` defaults to
-    the method's ``HeadRecipe.epochs``."""
+    the method's ``HeadRecipe.epochs``. ``spinning=False``: the runtime that generates the answers
+    uses sleeping thread pools (faster on a machine that other jobs share)."""
     if method not in RECIPES:
         raise ExportError(f"unknown --method {method!r}; choose one of {', '.join(HEAD_METHODS)}.")
     recipe = RECIPES[method]
@@ -268,7 +281,7 @@ def train_draft(
         torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     prep = prepare(
         target,
         out,
@@ -281,6 +294,7 @@ def train_draft(
         threads=threads,
         progress=progress,
         layers=recipe.reads_layers,
+        spinning=spinning,
     )
     head = build_head(recipe, prep, medusa_heads, seed)
     t = Training.start(head, batches(prep.data, batch_tokens, epochs, seed), lr)
@@ -309,5 +323,6 @@ def train_draft(
         lr=lr,
         train_seconds=train_seconds,
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - cpu_started,
     )
     return save_heads(folder, head.eval(), prep.vocab_ids)
