@@ -31,6 +31,8 @@ BUNDLE = {
     "medusa": "heads_bundle",
     "medusa-typical": "heads_bundle",
     "pld-eagle": "heads_bundle",
+    "eagle3": "eagle3_bundle",
+    "pld-eagle3": "eagle3_bundle",
 }
 # Proposers whose proposals depend on more than the context: lookahead's Jacobi window and n-gram pool
 # remember what earlier steps guessed.
