@@ -237,6 +237,22 @@ def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
     return embed, np.ascontiguousarray(head)
 
 
+def target_final_norm(bundle: Path) -> np.ndarray | None:
+    """The target's final norm weight [H] (as the graph applies it) from a bundle's fp32/fp16 graph, if found."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    path = Path(bundle) / read_manifest(bundle).target.graph.path
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        if tensor.name == "model.norm.weight":
+            if uses_external_data(tensor):
+                load_external_data_for_tensor(tensor, str(path.parent))
+            return numpy_helper.to_array(tensor).astype(np.float32)
+    return None
+
+
 def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = False, default: str | None = None) -> Path:
     """Write a copy of ``bundle`` with head graphs at ``out`` (staged, then renamed into place)."""
     bundle, out = Path(bundle), Path(out)

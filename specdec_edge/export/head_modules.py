@@ -71,10 +71,15 @@ def rotate(x, positions, theta):  # x [B, n, S, hd], positions [B, S]
 
 
 class FrozenTarget(nn.Module):
-    """The target's embedding and (draft-vocabulary) LM head, as buffers that are never trained."""
+    """The target's embedding and (draft-vocabulary) LM head, as buffers that are never trained.
 
-    def __init__(self, embed: np.ndarray, lm_head: np.ndarray, vocab_ids: np.ndarray, embed_dtype=np.float16):
+    ``final_norm`` [H]: the target's final norm weight, where known: EAGLE-3's own norm starts from it."""
+
+    def __init__(
+        self, embed: np.ndarray, lm_head: np.ndarray, vocab_ids: np.ndarray, embed_dtype=np.float16, *, final_norm=None
+    ):
         super().__init__()
+        self.final_norm = None if final_norm is None else torch.as_tensor(np.asarray(final_norm, np.float32))
         # The full-vocabulary embedding is the biggest tensor of a head graph: fp16, or the dtype of the target
         # graph's own table when the head graph reads that one (head_export.py).
         self.register_buffer("embed", torch.as_tensor(np.asarray(embed, embed_dtype)), persistent=False)  # [V, H]
@@ -156,8 +161,9 @@ class Eagle3Head(nn.Module):
         for p in self.parameters():
             nn.init.normal_(p, 0.0, 0.02)
         self.input_norm, self.hidden_norm = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))  # embed, feature
-        self.post_norm, self.norm = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))
-        # Its own LM head over the draft vocabulary [V', H], starting from the target's rows.
+        self.post_norm = nn.Parameter(torch.ones(H))
+        # Its own final norm and LM head over the draft vocabulary [V', H], starting from the target's.
+        self.norm = nn.Parameter(torch.ones(H) if target.final_norm is None else target.final_norm.clone())
         self.lm_head = nn.Parameter(target.lm_head_t.T.clone())
 
     def layer_input(self, hidden, input_ids):

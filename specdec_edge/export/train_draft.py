@@ -29,7 +29,7 @@ from torch import nn
 from specdec_edge.bundle import Manifest, read_manifest
 from specdec_edge.errors import ExportError
 from specdec_edge.export.draft_data import batches, draft_vocabulary, generate_data, load_prompt_texts, prepare_bundle
-from specdec_edge.export.head_export import target_weights
+from specdec_edge.export.head_export import target_final_norm, target_weights
 from specdec_edge.export.head_modules import FrozenTarget
 from specdec_edge.export.head_recipes import HEAD_METHODS, RECIPES, HeadRecipe
 from specdec_edge.export.heads_folder import save_heads, trainable_state
@@ -45,6 +45,7 @@ class Prepared:
     texts: list[str]
     data: list[dict]  # draft_data sequences
     vocab_ids: np.ndarray  # [V'] target token ids of the draft vocabulary, sorted
+    final_norm: np.ndarray | None = None  # [H] the target's final norm weight, if the graph names it
 
 
 def prepare(
@@ -79,7 +80,7 @@ def prepare(
     )
     embed, lm_head = target_weights(bundle)
     vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, draft_vocab, manifest.tokenizer.eos_token_ids)
-    return Prepared(manifest, embed, lm_head, texts, data, vocab_ids)
+    return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, target_final_norm(bundle))
 
 
 def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int) -> nn.Module:
@@ -95,7 +96,7 @@ def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int)
         graph.feature_layers,
     )
     torch.manual_seed(seed)
-    return recipe.module(cfg, FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids))
+    return recipe.module(cfg, FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids, final_norm=prep.final_norm))
 
 
 @dataclass
