@@ -164,6 +164,33 @@ def test_training_time_test_unrolls_the_run_time_chain():
                 assert torch.allclose(unrolled[s][i - (start - 1)], want, atol=1e-4), (i, s)
 
 
+def test_folding_the_training_scale_keeps_the_function():
+    """Training divides the layer features by a per-dimension scale; folding it into fc changes nothing."""
+    import torch
+
+    from specdec_edge.export.head_modules import Eagle3Head, FrozenTarget
+    from specdec_edge.export.head_recipes import RECIPES
+
+    rng = np.random.default_rng(1)
+    V, H = 64, 32
+    cfg = RECIPES["eagle3"].config(H, V, V, 2, 8, 0, (0, 1, 2))
+    scale = rng.uniform(0.01, 300.0, 3 * H)
+    torch.manual_seed(1)
+    head = Eagle3Head(
+        cfg, FrozenTarget(rng.standard_normal((V, H)), rng.standard_normal((V, H)), np.arange(V), feature_scale=scale)
+    )
+    g = torch.as_tensor(rng.standard_normal((1, 5, 3 * H)) * scale, dtype=torch.float32)
+    empty = torch.zeros(1, 0, cfg.num_kv_heads, cfg.head_dim)
+    args = (torch.zeros(1, 0, H), torch.as_tensor(rng.integers(0, V, (1, 5))), torch.arange(5)[None], empty, empty)
+    bias = torch.zeros(1, 1, 5, 5)
+    with torch.no_grad():
+        before = head(g, *args, bias)[0]
+        head.fold_feature_scale()
+        after = head(g, *args, bias)[0]
+    assert torch.equal(head.feature_scale, torch.ones(3 * H))
+    assert torch.allclose(before, after, rtol=1e-4, atol=1e-4)
+
+
 def test_manifest_records_the_head_and_its_layers(eagle3_bundle):
     manifest = read_manifest(eagle3_bundle)
     assert manifest.target.graph.feature_layers == (0, 1, 1)

@@ -106,7 +106,7 @@ def eagle3_unroll(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
     with torch.no_grad():  # the target's distributions over the draft vocabulary, once per row
         target_logp = head.target.logits(torch.cat(f_rows)).log_softmax(-1)  # [F, V']
     # Step 0 keys: every slot reads the fused target features of its token.
-    hidden0 = head.fc(g)  # [N, H]
+    hidden0 = head.fuse(g)  # [N, H]
     h0 = head.layer_input(hidden0, key_ids)  # [N, 2H]
     k0 = rotate(head.k_proj(h0).view(1, N, kvh, hd).transpose(1, 2), key_pos[None], cfg.rope_theta)
     k0 = k0.repeat_interleave(nh // kvh, 1)  # [1, nh, N, hd]

@@ -73,13 +73,23 @@ def rotate(x, positions, theta):  # x [B, n, S, hd], positions [B, S]
 class FrozenTarget(nn.Module):
     """The target's embedding and (draft-vocabulary) LM head, as buffers that are never trained.
 
-    ``final_norm`` [H]: the target's final norm weight, where known: EAGLE-3's own norm starts from it."""
+    ``final_norm`` [H]: the target's final norm weight, where known: EAGLE-3's own norm starts from it.
+    ``feature_scale`` [n*H]: the typical size of each layer-feature dimension in the training data (EAGLE-3
+    trains on features divided by it, see ``Eagle3Head.fuse``)."""
 
     def __init__(
-        self, embed: np.ndarray, lm_head: np.ndarray, vocab_ids: np.ndarray, embed_dtype=np.float16, *, final_norm=None
+        self,
+        embed: np.ndarray,
+        lm_head: np.ndarray,
+        vocab_ids: np.ndarray,
+        embed_dtype=np.float16,
+        *,
+        final_norm=None,
+        feature_scale=None,
     ):
         super().__init__()
         self.final_norm = None if final_norm is None else torch.as_tensor(np.asarray(final_norm, np.float32))
+        self.feature_scale = None if feature_scale is None else torch.as_tensor(np.asarray(feature_scale, np.float32))
         # The full-vocabulary embedding is the biggest tensor of a head graph: fp16, or the dtype of the target
         # graph's own table when the head graph reads that one (head_export.py).
         self.register_buffer("embed", torch.as_tensor(np.asarray(embed, embed_dtype)), persistent=False)  # [V, H]
@@ -153,7 +163,8 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.cfg, self.target = cfg, target
         H, nh, kvh, hd, inter = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-        self.fc = nn.Linear(len(cfg.feature_layers) * H, H, bias=False)  # fusion of the target's layer features
+        width = len(cfg.feature_layers) * H
+        self.fc = nn.Linear(width, H, bias=False)  # fusion of the target's layer features
         self.q_proj, self.k_proj = nn.Linear(2 * H, nh * hd, bias=False), nn.Linear(2 * H, kvh * hd, bias=False)
         self.v_proj, self.o_proj = nn.Linear(2 * H, kvh * hd, bias=False), nn.Linear(nh * hd, H, bias=False)
         self.gate_proj, self.up_proj = nn.Linear(H, inter, bias=False), nn.Linear(H, inter, bias=False)
@@ -165,6 +176,23 @@ class Eagle3Head(nn.Module):
         # Its own final norm and LM head over the draft vocabulary [V', H], starting from the target's.
         self.norm = nn.Parameter(torch.ones(H) if target.final_norm is None else target.final_norm.clone())
         self.lm_head = nn.Parameter(target.lm_head_t.T.clone())
+        scale = torch.ones(width) if target.feature_scale is None else target.feature_scale
+        self.register_buffer("feature_scale", scale.clone(), persistent=False)
+
+    def fuse(self, target_features):
+        """[..., n*H] -> [..., H]: ``fc`` of the target's layer features.
+
+        Training divides the features by their typical size per dimension first (``feature_scale``): the
+        residual streams have a few dimensions hundreds of times larger than the rest, and Adam's equal
+        steps per weight would move the output mostly along those. ``fold_feature_scale`` moves the
+        division into ``fc``'s weights, so a saved head computes plain ``fc`` (the reference layout)."""
+        return self.fc(target_features / self.feature_scale)
+
+    def fold_feature_scale(self) -> None:
+        """Fold ``feature_scale`` into ``fc.weight`` (the same function, with unit scales)."""
+        with torch.no_grad():
+            self.fc.weight.div_(self.feature_scale)
+            self.feature_scale.fill_(1.0)
 
     def layer_input(self, hidden, input_ids):
         """[..., 2H]: the normed embedding of ``input_ids`` [...] beside the normed feature ``hidden`` [..., H]."""
@@ -185,7 +213,7 @@ class Eagle3Head(nn.Module):
         """target_features [B, S1, n*H] (committed tokens i: fused by ``fc``), features [B, S2, H] (draft tokens:
         the head's own earlier outputs), input_ids [B, S1+S2] (x[i+1]), positions [B, S1+S2], past K/V
         [B, P, kvh, hd], bias [B, 1, S, P+S] -> output [B, S, H], new key and value [B, S, kvh, hd]."""
-        hidden = torch.cat([self.fc(target_features), features], 1)  # [B, S, H]
+        hidden = torch.cat([self.fuse(target_features), features], 1)  # [B, S, H]
         attn, k, v = attention(self, self.layer_input(hidden, input_ids), positions, past_key, past_value, bias)
         return self.finish(hidden, attn), k, v
 

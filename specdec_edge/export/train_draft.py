@@ -30,7 +30,7 @@ from specdec_edge.bundle import Manifest, read_manifest
 from specdec_edge.errors import ExportError
 from specdec_edge.export.draft_data import batches, draft_vocabulary, generate_data, load_prompt_texts, prepare_bundle
 from specdec_edge.export.head_export import target_final_norm, target_weights
-from specdec_edge.export.head_modules import FrozenTarget
+from specdec_edge.export.head_modules import Eagle3Head, FrozenTarget
 from specdec_edge.export.head_recipes import HEAD_METHODS, RECIPES, HeadRecipe
 from specdec_edge.export.heads_folder import save_heads, trainable_state
 
@@ -96,7 +96,16 @@ def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int)
         graph.feature_layers,
     )
     torch.manual_seed(seed)
-    return recipe.module(cfg, FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids, final_norm=prep.final_norm))
+    scale = feature_scale(prep.data) if recipe.reads_layers else None
+    target = FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids, final_norm=prep.final_norm, feature_scale=scale)
+    return recipe.module(cfg, target)
+
+
+def feature_scale(data: list[dict], rows: int = 65536) -> np.ndarray:
+    """[n*H]: the mean absolute value of each layer-feature dimension over (about ``rows`` of) the data."""
+    step = max(1, sum(len(d["layer_features"]) for d in data) // rows)
+    sample = np.concatenate([d["layer_features"][::step] for d in data]).astype(np.float32)
+    return np.abs(sample).mean(0) + 1e-3
 
 
 @dataclass
@@ -326,4 +335,6 @@ def train_draft(
         seconds=time.perf_counter() - started,
         cpu_seconds=time.process_time() - cpu_started,
     )
+    if isinstance(head, Eagle3Head):
+        head.fold_feature_scale()  # the checkpoint above keeps the unfolded weights a rerun continues from
     return save_heads(folder, head.eval(), prep.vocab_ids)
