@@ -31,8 +31,12 @@ from specdec_edge.user_cache import cache_dir
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 # Head sections a manifest may carry, with the positive integers their config must hold, and their tree keys.
-HEAD_SECTIONS = {"eagle": ("num_kv_heads", "head_dim"), "medusa": ("medusa_heads",)}
-HEAD_TREE_KEYS = {"eagle": {"topk", "nodes", "depth"}, "medusa": {"tree"}}
+HEAD_SECTIONS = {
+    "eagle": ("num_kv_heads", "head_dim"),
+    "eagle3": ("num_kv_heads", "head_dim", "hidden_size"),
+    "medusa": ("medusa_heads",),
+}
+HEAD_TREE_KEYS = {"eagle": {"topk", "nodes", "depth"}, "eagle3": {"topk", "nodes", "depth"}, "medusa": {"tree"}}
 
 
 @dataclass(frozen=True)
@@ -359,6 +363,11 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
         need(c.dtype in ("float32", "float16"), f"{role} graph cache.dtype {c.dtype!r}")
         for name in ("has_hidden_states", "batch_invariant", "tree_invariant"):
             need(isinstance(getattr(g, name), bool), f"{role} graph {name} = {getattr(g, name)!r}")
+        need(
+            isinstance(g.feature_layers, tuple) and len(g.feature_layers) <= 16
+            and all(_is_int(k) and 0 <= k < c.num_layers for k in g.feature_layers),
+            f"{role} graph feature_layers = {g.feature_layers!r}",
+        )  # fmt: skip
         try:
             names = {c.input_name(0, "key"), c.output_name(0, "value")}
         except (KeyError, IndexError, ValueError, AttributeError, TypeError):
@@ -389,6 +398,13 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
         need(isinstance(config, dict), f"heads.{method}.config is not an object")
         for key in HEAD_SECTIONS[method]:
             need(_small(config.get(key), 1 << 16), f"heads.{method}.config.{key} = {config.get(key)!r}")
+        if method == "eagle3":  # reads the target's layer features: the same layers, as a list
+            layers = config.get("feature_layers")
+            need(
+                isinstance(layers, list) and m.target is not None and tuple(layers) == m.target.graph.feature_layers,
+                f"heads.eagle3.config.feature_layers = {layers!r} (the target graph outputs "
+                f"{list(m.target.graph.feature_layers) if m.target else None})",
+            )
         need(isinstance(tree, dict) and set(tree) <= HEAD_TREE_KEYS[method], f"heads.{method}.tree = {tree!r}")
         for key, value in tree.items():
             if key == "tree":  # Medusa: rank paths such as [[0], [1], [0, 0]]

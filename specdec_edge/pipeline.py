@@ -121,7 +121,7 @@ class Pipeline:
         """Load ``bundle``.
 
         ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, lookahead, eagle,
-        medusa, medusa-typical, pld-eagle); default: the one the bundle records (`export
+        medusa, medusa-typical, pld-eagle, eagle3, pld-eagle3); default: the one the bundle records (`export
         --default-method`), else "auto", which chooses every step among what the bundle can run by
         the step costs measured on this device (once per bundle, provider, device and threads;
         ``speculative/auto.py``). ``k`` is the speculation length (the deepest proposal; default:

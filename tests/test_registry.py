@@ -36,7 +36,8 @@ def choices(command: str, option: str) -> list[str]:
 
 def test_cli_choices_come_from_the_registry():
     assert choices("generate", "method") == choices("chat", "method") == list(METHODS)
-    assert choices("export", "heads_default") == head_default_choices() == ["eagle", "medusa", "pld-eagle"]
+    heads_defaults = ["eagle", "medusa", "pld-eagle", "eagle3", "pld-eagle3"]
+    assert choices("export", "heads_default") == head_default_choices() == heads_defaults
     assert set(choices("demo", "method")) == {"auto", "pld", "lookahead", "eagle", "pld-eagle"}
     assert check_methods(list(METHODS)) == list(METHODS)  # bench takes every method, plain first
     help_text = CliRunner().invoke(main, ["generate", "-h"]).output
@@ -63,6 +64,8 @@ def test_records_are_consistent():
         "medusa",
         "medusa-typical",
         "pld-eagle",
+        "eagle3",
+        "pld-eagle3",
     ]
     for m in METHODS.values():
         assert set(m.needs) <= {"draft", *HEAD_METHODS}, m.name
@@ -95,6 +98,9 @@ def test_requirements_and_defaults():
     assert default_method(False, {}, recorded="pld") == "pld"  # export --default-method
     assert default_head_method(["eagle", "medusa"]) == "pld-eagle" and default_head_method(["medusa"]) == "medusa"
     assert default_head_method(["eagle"], "eagle") == "eagle"
+    assert available_methods(False, ["eagle3"]) == ["plain", "auto", "pld", "lookahead", "eagle3", "pld-eagle3"]
+    assert default_head_method(["eagle", "eagle3", "medusa"]) == "pld-eagle3"
+    assert "train-draft --method eagle3" in METHODS["pld-eagle3"].missing(False, ["eagle"])
     with pytest.raises(SpecdecError, match="choose one of medusa"):
         default_head_method(["medusa"], "pld-eagle")
     with pytest.raises(SpecdecError, match="unknown method 'jacobi'; choose one of plain, auto, draft"):

@@ -1,4 +1,4 @@
-"""The sessions of a bundle's trained draft heads (EAGLE, Medusa): small graphs run on the CPU.
+"""The sessions of a bundle's trained draft heads (EAGLE, EAGLE-3, Medusa): small graphs run on the CPU.
 
 A head graph's inputs and outputs are listed in docs/DESIGN.md ("Trained draft heads"); the
 proposers that drive them are in ``speculative/eagle.py`` and ``speculative/medusa.py``.
@@ -17,6 +17,12 @@ from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_sessio
 # The dimensions of a head graph's inputs and outputs that its manifest section fixes (None: any).
 SHAPES = {
     "eagle": {
+        "features": (1, None, "hidden_size"),
+        "past_key": (1, None, "num_kv_heads", "head_dim"),
+        "past_value": (1, None, "num_kv_heads", "head_dim"),
+        "topk_ids": (None, "top_k"),
+    },
+    "eagle3": {
         "features": (1, None, "hidden_size"),
         "past_key": (1, None, "num_kv_heads", "head_dim"),
         "past_value": (1, None, "num_kv_heads", "head_dim"),

@@ -161,6 +161,12 @@ def check_contract(session, graph: GraphSpec, model_path) -> None:
         problem = f"logits {None if logits is None else logits.shape} != vocabulary {graph.vocab_size}"
     if problem is None and graph.has_hidden_states != ("hidden_states" in outputs):
         problem = f"hidden_states output {'missing' if graph.has_hidden_states else 'not in the manifest'}"
+    features = outputs.get("layer_features")
+    width = features.shape[-1] if features is not None and features.shape else None
+    if problem is None and bool(graph.feature_layers) != (features is not None):
+        problem = f"layer_features output {'missing' if graph.feature_layers else 'not in the manifest'}"
+    elif problem is None and isinstance(width, int) and width != len(graph.feature_layers) * graph.hidden_size:
+        problem = f"layer_features width {width} != {len(graph.feature_layers)} layers x {graph.hidden_size}"
     if problem:
         raise BundleError(
             f"{model_path} does not match its manifest ({problem}); the manifest or the graph is damaged: "

@@ -263,12 +263,13 @@ def auto_candidates(res: Resources, options: dict) -> list[Candidate]:
     candidates = [Candidate("pld", PromptLookupProposer(**pld), pld_predictor())]
     if res.draft is not None:
         candidates.append(Candidate("draft", DraftModelProposer(res.draft), Calibrated()))
-    if "eagle" in res.heads:
-        head = res.heads["eagle"]
-        shape = {"topk": head.defaults.get("topk", 3), "nodes": 32} if res.trees else {"topk": 1, "nodes": 32}
-        eagle = EagleProposer(head, res.target, **{**head.defaults, **shape})
-        fixed = head.defaults.get("nodes", 5) if res.trees else None  # seeded sampling: the bundle's tree size
-        candidates.append(Candidate("eagle", eagle, Calibrated(), fixed_width=fixed))
+    for name, proposer in (("eagle", EagleProposer), ("eagle3", Eagle3Proposer)):
+        if name in res.heads:
+            head = res.heads[name]
+            shape = {"topk": head.defaults.get("topk", 3), "nodes": 32} if res.trees else {"topk": 1, "nodes": 32}
+            eagle = proposer(head, res.target, **{**head.defaults, **shape})
+            fixed = head.defaults.get("nodes", 5) if res.trees else None  # seeded sampling: the bundle's tree size
+            candidates.append(Candidate(name, eagle, Calibrated(), fixed_width=fixed))
     if "medusa" in res.heads:
         head = res.heads["medusa"]
         tree = head.defaults.get("tree") or MEDUSA_TREE
