@@ -253,6 +253,26 @@ def test_tap_keeps_the_layer_features_of_accepted_paths(plain, eagle3_bundle):
     assert np.allclose(tap.layer_features[: tap.length], fresh.layer_features[: fresh.length], atol=1e-4)
 
 
+def test_manifest_checks_the_layers(tmp_path, eagle3_bundle):
+    """A manifest whose head reads other layers than the target graph outputs is refused on loading."""
+    import shutil
+
+    from specdec_edge.errors import BundleError
+
+    copy = tmp_path / "b"
+    shutil.copytree(eagle3_bundle, copy)
+    data = json.loads((copy / "manifest.json").read_text())
+    data["heads"]["eagle3"]["config"]["feature_layers"] = [0, 1]
+    (copy / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="feature_layers"):
+        read_manifest(copy)
+    data["heads"]["eagle3"]["config"]["feature_layers"] = [0, 1, 1]
+    data["target"]["graph"]["feature_layers"] = [0, 1, 7]
+    (copy / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="feature_layers"):
+        read_manifest(copy)
+
+
 def test_errors_say_what_to_do(tmp_path, heads_bundle, trained, trained_eagle3):
     from specdec_edge.export.head_export import add_heads
 
