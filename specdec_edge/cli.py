@@ -79,7 +79,7 @@ def main():
     type=click.Choice(head_default_choices()),
     default=None,
     help="The head method recorded with the heads (what `info` lists for them; runs when asked for or as a "
-    "--default-method). Default: pld-eagle3 with EAGLE-3 heads, else pld-eagle with EAGLE heads, else medusa.",
+    "--default-method). Default: pld-eagle with EAGLE heads, else pld-eagle3 with EAGLE-3 heads, else medusa.",
 )
 @click.option(
     "--default-method",

@@ -376,7 +376,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "specdec_edge" / "data" / "he
 
 
 @pytest.mark.skipif(not SHIPPED.is_dir(), reason="no shipped heads")
-@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
 def test_shipped_heads_are_small_fp16_and_load(method):
     from safetensors import safe_open
 

@@ -11,8 +11,9 @@ than that keeps its end, where the answer is.
   scored by cross-entropy against the target's distribution of the token after that one,
   weighted 0.8^s (as in the EAGLE-3 paper; reported as KL divergence, the same gradient). Step s
   at slot i attends to step 0 at slots <= i (the committed context) and to steps 1..s at slot i
-  (its own draft ancestors): the masks of the run-time draft tree. Scored from the slot before
-  the answer on (the reference repository's loss mask covers the answers too).
+  (its own draft ancestors): the masks of the run-time draft tree. Step 0 is scored at every slot,
+  as EAGLE's loss is; the deeper steps from the slot before the answer on (the reference
+  repository's loss mask covers the answers).
 * Medusa: cross-entropy of head i against the token i+2 places ahead, weighted 0.8^i.
 """
 
@@ -66,61 +67,69 @@ def eagle3_loss(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
 
 
 def eagle3_unroll(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
-    """Yield per draft step s: the head's log-probs [M, V'] at the query slots, the target's [M, V'] and which
-    rows have a label [M] (see ``eagle3_loss``).
+    """Yield per draft step s: the head's log-probs [M_s, V'] at its query slots, the target's [M_s, V'] and
+    which rows have a label [M_s] (see ``eagle3_loss``).
 
-    Every slot of a sequence is a key of step 0 (the committed context); the queries -- every step's
-    rows, scored -- are the slots from the one before the answer on (where drafting happens at run
-    time), which keeps the unrolled steps cheap on a CPU."""
+    Step 0 queries every slot of every sequence (prompt and answer, as EAGLE's loss does: the more rows,
+    the better the first draft token, which every accepted token goes through). The deeper steps query
+    the slots from the one before the answer on, where drafting happens at run time; they cost as many
+    head passes again each, which keeps them affordable on a CPU. Rows: sequence by sequence, slot by slot.
+    """
     cfg, steps = head.cfg, head.cfg.ttt_steps
     index = _draft_rows(head)
     nh, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    g, key_ids, key_pos, key_seq = [], [], [], []  # per key slot i (all slots): features, x[i+1], i, sequence
-    q_row, q_pos, q_seq, q_ids, q_labels, q_feature, f_rows = [], [], [], [], [], [], []  # per query slot
-    keys = targets = 0  # rows so far of the packed keys and target features
+    g, key_ids, key_pos, key_seq, f_next, labels0 = [], [], [], [], [], []  # per slot i (all): ..., f[i+1], label
+    q_row, q_ids, q_labels, q_feature = [], [], [], []  # per answer slot: its row, then per step s >= 1
+    keys = 0  # rows so far
     for b, d in enumerate(seqs):
         x = torch.as_tensor(d["ids"][-batch_tokens:])  # [T]
         T = len(x)
         start = min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)  # the answer's first token
         g.append(torch.as_tensor(d["layer_features"][-batch_tokens:][: T - 1]).float())  # slots 0..T-2
+        f_next.append(torch.as_tensor(d["features"][-batch_tokens:][1:T]).float())  # f[i+1]: the label's source
         key_ids.append(x[1:])
         key_pos.append(torch.arange(T - 1))
         key_seq.append(torch.full((T - 1,), b))
-        slots = torch.arange(start - 1, T - 1)  # [m] query slots
-        # Per step s and query slot i: the input token x[i+1+s], the target's feature f[i+1+s] (whose LM-head
-        # distribution is the label) and the token x[i+2+s] the target chose (is there a label).
+        labels0.append(torch.cat([index[x[2:]], torch.tensor([IGNORE])]))  # x[i+2]; none for the last slot
+        slots = torch.arange(start - 1, T - 1)  # [m] the answer's query slots
+        # Per step s and answer slot i: the input token x[i+1+s], the target's feature f[i+1+s] (whose LM-head
+        # distribution is the label: row keys + i + s) and the token x[i+2+s] the target chose (is there a label).
         ahead = (slots[None] + torch.arange(steps)[:, None] + 1).clamp(max=T - 1)  # [steps, m]
         inside = slots[None] + torch.arange(steps)[:, None] + 2 <= T - 1
         q_row.append(keys + slots)
-        q_pos.append(slots)
-        q_seq.append(torch.full((len(slots),), b))
         q_ids.append(x[ahead])
         q_labels.append(torch.where(inside, index[x[(ahead + 1).clamp(max=T - 1)]], IGNORE))
-        q_feature.append(targets + ahead - start)  # rows of f[start..T-1]
-        f_rows.append(torch.as_tensor(d["features"][-batch_tokens:][start:T]).float())
-        keys, targets = keys + T - 1, targets + T - start
+        q_feature.append(keys + ahead - 1)
+        keys += T - 1
     g, key_ids, key_pos, key_seq = torch.cat(g), torch.cat(key_ids), torch.cat(key_pos), torch.cat(key_seq)
-    q_row, q_pos, q_seq = torch.cat(q_row), torch.cat(q_pos), torch.cat(q_seq)  # [M]
+    q_row, labels0 = torch.cat(q_row), torch.cat(labels0)  # [M], [N]
     q_ids, q_labels, q_feature = torch.cat(q_ids, 1), torch.cat(q_labels, 1), torch.cat(q_feature, 1)  # [steps, M]
     M, N = len(q_row), len(key_ids)
+    f_next = torch.cat(f_next)  # [N, H]
     with torch.no_grad():  # the target's distributions over the draft vocabulary, once per row
-        target_logp = head.target.logits(torch.cat(f_rows)).log_softmax(-1)  # [F, V']
-    # Step 0 keys: every slot reads the fused target features of its token.
+        target_logp = head.target.logits(f_next).log_softmax(-1)  # [N, V']
+    # Step 0: every slot reads the fused target features of its token, causally within its sequence.
     hidden0 = head.fuse(g)  # [N, H]
     h0 = head.layer_input(hidden0, key_ids)  # [N, 2H]
     k0 = rotate(head.k_proj(h0).view(1, N, kvh, hd).transpose(1, 2), key_pos[None], cfg.rope_theta)
     k0 = k0.repeat_interleave(nh // kvh, 1)  # [1, nh, N, hd]
     v0 = head.v_proj(h0).view(1, N, kvh, hd).transpose(1, 2).repeat_interleave(nh // kvh, 1)
-    seen = (key_seq[None] == q_seq[:, None]) & (key_pos[None] <= q_pos[:, None])  # [M, N] block-causal
-    bias = torch.zeros(M, N).masked_fill(~seen, float("-inf"))
-    hidden, own_k, own_v = hidden0[q_row], [], []
-    for s in range(steps):
-        h = h0[q_row] if s == 0 else head.layer_input(hidden, q_ids[s])  # [M, 2H]
-        q = rotate(head.q_proj(h).view(1, M, nh, hd).transpose(1, 2), (q_pos + s)[None], cfg.rope_theta)
-        if s:  # its own key and value at this depth; step 0's are among k0/v0
-            k = rotate(head.k_proj(h).view(1, M, kvh, hd).transpose(1, 2), (q_pos + s)[None], cfg.rope_theta)
-            own_k.append(k.repeat_interleave(nh // kvh, 1))  # [1, nh, M, hd]
-            own_v.append(head.v_proj(h).view(1, M, kvh, hd).transpose(1, 2).repeat_interleave(nh // kvh, 1))
+    q0 = rotate(head.q_proj(h0).view(1, N, nh, hd).transpose(1, 2), key_pos[None], cfg.rope_theta)
+    seen = (key_seq[None] == key_seq[:, None]) & (key_pos[None] <= key_pos[:, None])  # [N, N] block-causal
+    bias = torch.zeros(N, N).masked_fill(~seen, float("-inf"))
+    attn = (q0 @ k0.transpose(-1, -2) * hd**-0.5 + bias).softmax(-1) @ v0  # [1, nh, N, hd]
+    out0 = head.finish(hidden0, attn.transpose(1, 2).reshape(N, nh * hd))  # [N, H]
+    yield head.logits(out0).log_softmax(-1), target_logp, labels0 != IGNORE
+    # Steps 1..: the answer's slots, each reading its own previous output; keys: the committed slots <= i
+    # (step 0's) and its own ancestors at this slot (steps 1..s).
+    hidden, bias, own_k, own_v = out0[q_row], bias[q_row], [], []
+    for s in range(1, steps):
+        h = head.layer_input(hidden, q_ids[s])  # [M, 2H]
+        pos = (key_pos[q_row] + s)[None]
+        q = rotate(head.q_proj(h).view(1, M, nh, hd).transpose(1, 2), pos, cfg.rope_theta)
+        k = rotate(head.k_proj(h).view(1, M, kvh, hd).transpose(1, 2), pos, cfg.rope_theta)
+        own_k.append(k.repeat_interleave(nh // kvh, 1))  # [1, nh, M, hd]
+        own_v.append(head.v_proj(h).view(1, M, kvh, hd).transpose(1, 2).repeat_interleave(nh // kvh, 1))
         scores = [q @ k0.transpose(-1, -2) * hd**-0.5 + bias]  # [1, nh, M, N]: the committed context
         scores += [(q * kt).sum(-1, keepdim=True) * hd**-0.5 for kt in own_k]  # [1, nh, M, 1]: own ancestors
         attn = torch.cat(scores, -1).softmax(-1)

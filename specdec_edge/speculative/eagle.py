@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # only for type hints: the head sessions live in runtime/
 class EagleProposer(Proposer):
     """EAGLE head with its own KV cache; EAGLE-2 style dynamic tree by draft confidence."""
 
+    source = "eagle"  # names its proposals in the stats
+
     def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 5, depth: int | None = None):
         for name, value in (("topk", topk), ("nodes", nodes), ("depth", depth)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
@@ -137,13 +139,15 @@ class EagleProposer(Proposer):
         return Proposal(
             np.array([tokens[i] for i in kept], dtype=np.int64),
             parents=np.array([index.get(parents[i], -1) for i in kept], dtype=np.int64),
-            source="eagle",
+            source=self.source,
             confidence=np.exp([scores[i] for i in kept]),  # the head's probability of each node's whole path
         )
 
 
 class Eagle3Proposer(EagleProposer):
     """EAGLE-3 head: committed slots read the target's layer features, tree nodes their parent's output."""
+
+    source = "eagle3"
 
     def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 6, depth: int | None = None):
         if tap.layer_features is None:

@@ -362,7 +362,7 @@ _METHODS = (
 )
 METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
 # Exact head methods a bundle may name as its default, fastest measured on a CPU first (docs/PERFORMANCE.md).
-HEAD_DEFAULT_PREFERENCE = ("pld-eagle3", "pld-eagle", "eagle3", "medusa", "eagle")
+HEAD_DEFAULT_PREFERENCE = ("pld-eagle", "pld-eagle3", "medusa", "eagle", "eagle3")
 
 
 def get_method(name: str) -> Method:
