@@ -194,7 +194,7 @@ def export(
     help="Reduced draft vocabulary: the N most frequent answer tokens (0: the full vocabulary).",
 )
 @click.option(
-    "--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 4 for eagle3, 3 for medusa."
+    "--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 1 for eagle3, 3 for medusa."
 )
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--medusa-heads", type=click.IntRange(min=1), default=4, show_default=True)

@@ -51,6 +51,9 @@ class HeadConfig:
     training: dict = field(default_factory=dict)
 
 
+EAGLE3_NORM_INIT = 0.25  # the EAGLE-3 head's final norm starts at this fraction of the target's
+
+
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low, middle and high layers of a ``num_layers`` target: (2, L // 2, L - 3), as vLLM picks
     them by default, kept inside 0..L-1 (tiny targets)."""
@@ -174,7 +177,10 @@ class Eagle3Head(nn.Module):
         self.input_norm, self.hidden_norm = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))  # embed, feature
         self.post_norm = nn.Parameter(torch.ones(H))
         # Its own final norm and LM head over the draft vocabulary [V', H], starting from the target's.
-        self.norm = nn.Parameter(torch.ones(H) if target.final_norm is None else target.final_norm.clone())
+        # Scaled down so that the untrained head's draft distribution starts nearly flat, not confidently
+        # wrong: with the target's full norm the first loss is ~3x that of a uniform guess.
+        norm = torch.ones(H) if target.final_norm is None else target.final_norm.clone()
+        self.norm = nn.Parameter(EAGLE3_NORM_INIT * norm)
         self.lm_head = nn.Parameter(target.lm_head_t.T.clone())
         scale = torch.ones(width) if target.feature_scale is None else target.feature_scale
         self.register_buffer("feature_scale", scale.clone(), persistent=False)

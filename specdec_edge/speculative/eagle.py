@@ -149,7 +149,7 @@ class Eagle3Proposer(EagleProposer):
 
     source = "eagle3"
 
-    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 6, depth: int | None = None):
+    def __init__(self, graph: HeadGraph, tap: FeatureTap, topk: int = 3, nodes: int = 5, depth: int | None = None):
         if tap.layer_features is None:
             raise SpecdecError(
                 "the target graph has no layer_features output, which EAGLE-3 heads read; export the bundle "
