@@ -18,11 +18,9 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.features import FeatureTap
-from specdec_edge.speculative.loop import decode, prefill
-from specdec_edge.speculative.stats import Stats
-from tests.test_acceptance import CHI2_CRIT_DF7_P001
+from specdec_edge.speculative.loop import prefill
+from tests.test_heads import assert_first_token_keeps_the_distribution
 from tests.test_methods import assert_greedy_equals_plain, many_prompts
 
 # The tensors of an EAGLE-3 checkpoint as the reference EAGLE repository saves them and vLLM's and SGLang's
@@ -221,27 +219,8 @@ def test_greedy_equals_plain(plain, method, k, options):
 @pytest.mark.parametrize("method", ["eagle3", "pld-eagle3"])
 def test_sampling_keeps_the_target_distribution(plain, method):
     """First emitted token over many seeds vs the target's exact top-8 distribution (chi-square, df 7)."""
-    params = SamplingParams(temperature=1.0, top_k=8)
-    ids = plain.encode([{"role": "user", "content": "the quick brown fox jumps"}])
-    prefill(plain.target, ids[:-1])
-    p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
-    support = np.flatnonzero(p)
     pipe = plain.with_method(method, k=4, topk=6, nodes=16)  # wide: enough acceptances to test the rule
-    firsts, accepted = [], 0
-    for seed in range(1500):
-        stats = Stats()
-        chunk = next(
-            decode(
-                pipe.engine, pipe.proposer, ids, max_new_tokens=2, params=params, k=4, rng=make_rng(seed), stats=stats
-            )
-        )
-        firsts.append(chunk.tokens[0])
-        accepted += stats.accepted
-    counts = np.array([firsts.count(t) for t in support])
-    assert counts.sum() == len(firsts) and len(support) == 8
-    expected = p[support] * len(firsts)
-    assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_CRIT_DF7_P001
-    assert accepted > 100, f"the tree was accepted {accepted} times: the test would prove little"
+    assert_first_token_keeps_the_distribution(plain, pipe)
 
 
 def test_tap_keeps_the_layer_features_of_accepted_paths(plain, eagle3_bundle):

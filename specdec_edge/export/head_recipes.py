@@ -74,6 +74,21 @@ def _medusa_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, med
 # The tree settings are the fastest measured for SmolLM2-135M on 2 CPU cores (docs/PERFORMANCE.md,
 # "Trained heads"). On a CPU a verify pass costs more the wider it is, so small trees win; a GPU,
 # where width is nearly free, wants larger ones (-o nodes=..., -o tree=...).
+# Dynamic axes of an EAGLE/EAGLE-3 head step besides its feature inputs.
+_HEAD_STEP_AXES = {
+    "input_ids": {1: "seq"},
+    "position_ids": {1: "seq"},
+    "past_key": {1: "past"},
+    "past_value": {1: "past"},
+    "attention_bias": {2: "seq", 3: "total"},
+    "logit_rows": {0: "rows"},
+    "hidden_states": {1: "seq"},
+    "topk_logprobs": {0: "rows"},
+    "topk_ids": {0: "rows"},
+    "key": {1: "seq"},
+    "value": {1: "seq"},
+}
+
 RECIPES: dict[str, HeadRecipe] = {
     "eagle": HeadRecipe(
         name="eagle",
@@ -86,20 +101,7 @@ RECIPES: dict[str, HeadRecipe] = {
         graph=EagleGraph,
         inputs=("features", "input_ids", "position_ids", "past_key", "past_value", "attention_bias", "logit_rows"),
         outputs=("hidden_states", "topk_logprobs", "topk_ids", "key", "value"),
-        dynamic_axes={
-            "features": {1: "seq"},
-            "input_ids": {1: "seq"},
-            "position_ids": {1: "seq"},
-            "past_key": {1: "past"},
-            "past_value": {1: "past"},
-            "attention_bias": {2: "seq", 3: "total"},
-            "logit_rows": {0: "rows"},
-            "hidden_states": {1: "seq"},
-            "topk_logprobs": {0: "rows"},
-            "topk_ids": {0: "rows"},
-            "key": {1: "seq"},
-            "value": {1: "seq"},
-        },
+        dynamic_axes={"features": {1: "seq"}, **_HEAD_STEP_AXES},
         examples=eagle_examples,
     ),
     "eagle3": HeadRecipe(
@@ -122,21 +124,7 @@ RECIPES: dict[str, HeadRecipe] = {
             "logit_rows",
         ),
         outputs=("hidden_states", "topk_logprobs", "topk_ids", "key", "value"),
-        dynamic_axes={
-            "target_features": {1: "committed"},
-            "features": {1: "drafted"},
-            "input_ids": {1: "seq"},
-            "position_ids": {1: "seq"},
-            "past_key": {1: "past"},
-            "past_value": {1: "past"},
-            "attention_bias": {2: "seq", 3: "total"},
-            "logit_rows": {0: "rows"},
-            "hidden_states": {1: "seq"},
-            "topk_logprobs": {0: "rows"},
-            "topk_ids": {0: "rows"},
-            "key": {1: "seq"},
-            "value": {1: "seq"},
-        },
+        dynamic_axes={"target_features": {1: "committed"}, "features": {1: "drafted"}, **_HEAD_STEP_AXES},
         examples=eagle3_examples,
         reads_layers=True,
     ),

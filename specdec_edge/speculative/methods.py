@@ -238,21 +238,23 @@ def _eagle3(res: Resources, options: dict) -> Proposer:
     return Eagle3Proposer(head, res.target, **{**head.defaults, **options})
 
 
-def _pld_eagle3(res: Resources, options: dict) -> Proposer:
-    pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
-    eagle = {k: v for k, v in options.items() if k not in pld}
-    return FirstOfProposer(PromptLookupProposer(**pld), _eagle3(res, eagle))
-
-
 def _medusa(res: Resources, options: dict) -> Proposer:
     head = res.heads["medusa"]
     return MedusaProposer(head, res.target, **{**head.defaults, **options})
 
 
-def _pld_eagle(res: Resources, options: dict) -> Proposer:
-    pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
-    eagle = {k: v for k, v in options.items() if k not in pld}
-    return FirstOfProposer(PromptLookupProposer(**pld), _eagle(res, eagle))
+def _pld_then(head_builder):
+    """A builder of prompt lookup where an n-gram repeats, else the head ``head_builder`` makes (pld-eagle*)."""
+
+    def build(res: Resources, options: dict) -> Proposer:
+        pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
+        head = {k: v for k, v in options.items() if k not in pld}
+        return FirstOfProposer(PromptLookupProposer(**pld), head_builder(res, head))
+
+    return build
+
+
+_pld_eagle, _pld_eagle3 = _pld_then(_eagle), _pld_then(_eagle3)
 
 
 def auto_candidates(res: Resources, options: dict) -> list[Candidate]:
