@@ -34,6 +34,7 @@ from tqdm import tqdm
 from specdec_edge import __version__
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
+from specdec_edge.exactness import describe
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.stats import ProposerStats
@@ -158,8 +159,13 @@ def run_bench(
     options: dict | None = None,
     temperature: float = 0.0,
     seed: int = 0,
+    allow_inexact: bool = False,
 ) -> dict:
     """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
+
+    Every method is loaded as ``chat``, ``generate`` and ``serve`` load it (``exactness.py``): a method that the
+    device's exactness verdict refuses is skipped with the reason, unless ``allow_inexact``; methods that then
+    run inexactly are listed under ``meta["inexact_methods"]`` and marked "(inexact)".
 
     Methods the pipeline cannot run (e.g. "draft" without a draft model) are listed under
     ``skipped_methods`` with the reason, prompts too long for the KV cache under ``skipped_prompts``.
@@ -172,8 +178,7 @@ def run_bench(
     pipes, skipped = {}, {}
     for m in check_methods(methods):
         try:
-            # Inexact bundles (int8/int4) are measured too; identical_output_rate shows the cost.
-            pipes[m] = pipeline.with_method(m, k=k, allow_inexact=True, **(options or {}).get(m, {}))
+            pipes[m] = pipeline.with_method(m, k=k, allow_inexact=allow_inexact, **(options or {}).get(m, {}))
         except SpecdecError as e:
             skipped[m] = str(e)
     as_text = not pipeline.tokenizer.has_chat_template
@@ -226,6 +231,8 @@ def run_bench(
         "seed": seed,
         "prompt_format": PLAIN_FORMAT if as_text else CHAT_FORMAT,
         "lossy_methods": [m for m in pipes if METHODS[m].lossy],
+        "inexact_methods": [m for m, p in pipes.items() if p.exactness.inexact],
+        "exactness": describe(pipeline.verdict, pipeline.target.graph.dtype),
         "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
@@ -372,6 +379,7 @@ def to_markdown(report: dict) -> str:
     temperature = meta.get("temperature", 0.0)
     mode = "greedy" if not temperature else f"sampling at temperature {temperature} (outputs not compared)"
     lossy = set(meta.get("lossy_methods", ()))
+    inexact = set(meta.get("inexact_methods", ()))
     k = meta["k"]
     k = ", ".join(f"{m} {v}" for m, v in k.items()) if isinstance(k, dict) else k
     lines = [
@@ -389,7 +397,7 @@ def to_markdown(report: dict) -> str:
     for c in categories:
         for m, rows in report["results"].items():
             r = rows[c]
-            label = f"{m} (lossy)" if m in lossy else m
+            label = m + (" (lossy)" if m in lossy else "") + (" (inexact)" if m in inexact else "")
             lines.append(
                 f"| {c} | {label} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
                 f"{r['prefill_s']:.3f} | {_fmt(r['speedup_vs_plain'], '.2f')}x | "
@@ -406,6 +414,13 @@ def to_markdown(report: dict) -> str:
     if costs:
         lines.append("\nStep costs measured on this device (auto's cost model):")
         lines += [f"- {line}" for line in CostModel.from_json(costs).describe().splitlines()]
+    if meta.get("exactness"):
+        lines.append(f"\nExactness on this device: {meta['exactness']}.")
+    if inexact:
+        lines.append(
+            f"\n(inexact): {', '.join(sorted(inexact))} ran with --allow-inexact where this device's exactness verdict "
+            "does not vouch for them: their output may differ from plain decoding."
+        )
     if lossy:
         lines.append(
             f"\n(lossy): {', '.join(sorted(lossy))} trade exactness for acceptance when sampling: the "

@@ -28,7 +28,7 @@ from typing import Any
 from specdec_edge.errors import BundleError
 from specdec_edge.user_cache import cache_dir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: graphs record the export device's exactness verdict (``GraphSpec.verdict``)
 MANIFEST = "manifest.json"
 # Head sections a manifest may carry, with the positive integers their config must hold, and their tree keys.
 HEAD_SECTIONS = {
@@ -79,14 +79,17 @@ class GraphSpec:
     # Layers whose entering residual stream the ``layer_features`` output [B, S, n*H] concatenates (EAGLE-3
     # heads read it); k = after k decoder layers, 0 = the embedding. Empty: no such output.
     feature_layers: tuple = ()
-    # Measured at export (export/invariance.py): True when a token's logits are bit-identical in every
-    # pass width from ``min_pass_width`` up and in tree passes, so speculation is exact. The runtime
-    # pads narrower passes to ``min_pass_width`` rows.
+    # The exactness verdict measured on the export machine (runtime/verdicts.py; exactness.py decides what it
+    # lets run): True when a token's logits are bit-identical in every pass width from ``min_pass_width`` up
+    # (narrower passes are padded to it) at every key range measured, and the rest of the verdict in
+    # ``verdict`` (the widest pass measured, the device, the key-count boundaries a pass must not straddle).
+    # Any other device measures its own verdict on first use. Required in a manifest (no defaults there).
     batch_invariant: bool = True
     min_pass_width: int = 1
     # Tree rows bit-identical to their branches run as chains. When False, a float graph differs by rounding
     # only (near-ties are logged); a quantized graph verifies only chain-shaped proposals exactly.
     tree_invariant: bool = True
+    verdict: dict = field(default_factory=dict)  # {"max_width", "device", "details"}
     # The graph reads the valid cache length from the attention bias's values, so the bias may span the whole
     # capacity (later slots masked): every decode pass can then have one shape (CUDA graphs). Graphs exported
     # before this (and the portable flavour, which slices the cache to the bias width) need past+S columns.
@@ -141,6 +144,9 @@ class Manifest:
             if d is None:
                 return None
             g = dict(d["graph"])
+            missing = [k for k in ("batch_invariant", "min_pass_width", "tree_invariant", "verdict") if k not in g]
+            if missing:
+                raise KeyError(f"the {d.get('role')} graph has no {', '.join(missing)}")
             g["cache"] = CacheSpec(**g["cache"])
             g["inputs"] = tuple(g.get("inputs", ()))
             g["outputs"] = tuple(g.get("outputs", ()))
@@ -320,6 +326,16 @@ def _small(x, most: int) -> bool:
     return _positive_int(x) and x <= most
 
 
+def _recorded_verdict_ok(g: GraphSpec) -> bool:
+    from specdec_edge.exactness import recorded_verdict
+
+    try:
+        recorded_verdict(g)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
 def check_manifest(m: Manifest, mpath: Path) -> None:
     """Field types and paths of a parsed manifest; a ``BundleError`` names the first bad field."""
 
@@ -363,6 +379,7 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
         need(c.dtype in ("float32", "float16"), f"{role} graph cache.dtype {c.dtype!r}")
         for name in ("has_hidden_states", "batch_invariant", "tree_invariant"):
             need(isinstance(getattr(g, name), bool), f"{role} graph {name} = {getattr(g, name)!r}")
+        need(_recorded_verdict_ok(g), f"{role} graph verdict = {g.verdict!r}")
         need(
             isinstance(g.feature_layers, tuple) and len(g.feature_layers) <= 16
             and all(_is_int(k) and 0 <= k < c.num_layers for k in g.feature_layers),

@@ -71,6 +71,12 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     metavar="METHOD.KEY=VALUE",
     help=f"Method option, repeatable, e.g. pld.max_ngram=4, lookahead.window=5 ({options_help()}).",
 )
+@click.option(
+    "--allow-inexact",
+    is_flag=True,
+    help="Also run methods that this device's exactness verdict refuses (see `specdec-edge info`); they are marked "
+    "(inexact) in the report. Without it they are skipped, as chat, generate and serve refuse them.",
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
 @click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
 @click.option(
@@ -93,6 +99,7 @@ def bench(
     temperature,
     seed,
     options,
+    allow_inexact,
     json_out,
     md_out,
     plot_out,
@@ -102,7 +109,8 @@ def bench(
     Prompts run one by one, plain then each method, so load affects all alike. Every
     method's greedy output must equal plain's; where it does not, the prompt and the first
     differing token are listed (never silent). Prints the Markdown table. Lossy methods
-    (medusa-typical) are marked "(lossy)".
+    (medusa-typical) are marked "(lossy)". Methods run as chat, generate and serve run them: what
+    this device's exactness verdict refuses is skipped, unless --allow-inexact (marked "(inexact)").
 
     \b
     Examples:
@@ -142,7 +150,7 @@ def bench(
         "n_per_category": n_per_category,
         "prompts_file": prompts_file or "packaged Spec-Bench",
     }
-    pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads, spinning=spinning)
+    pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact)
     meta["options"] = method_options
     report = run_bench(
         pipe,
@@ -154,6 +162,7 @@ def bench(
         options=method_options,
         temperature=temperature,
         seed=seed,
+        allow_inexact=allow_inexact,
     )
     for m, reason in report["skipped_methods"].items():
         click.echo(f"Skipped method {m}: {reason}", err=True)

@@ -52,8 +52,9 @@ def pipeline_options(f):
         click.option(
             "--allow-inexact",
             is_flag=True,
-            help="Allow speculation on a bundle that failed the export-time batch-invariance check (int8/int4 "
-            "bundles of earlier versions), where batched verification can change the output.",
+            help="Allow speculation that this device's exactness verdict does not vouch for (a target that is not "
+            "batch invariant here, or token trees on a quantized target; see `specdec-edge info`): the output "
+            "may then differ from plain decoding.",
         ),
         click.option(
             "-o",

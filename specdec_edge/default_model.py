@@ -32,8 +32,8 @@ def default_gguf() -> Path:
 
 
 # Bumped when bundles of the same version change (2: measured batch invariance, GGUF blocks; 3: no recorded
-# default method, so the default bundle runs auto).
-EXPORT_FORMAT = 3
+# default method, so the default bundle runs auto; 4: schema 2, the export device's exactness verdict).
+EXPORT_FORMAT = 4
 DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORMANCE.md)
 
 

@@ -11,15 +11,19 @@ Light: numpy, onnxruntime, tokenizers, jinja2 only (no torch, no transformers).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from specdec_edge.bundle import check_hashes, read_manifest
 from specdec_edge.errors import SpecdecError
+from specdec_edge.exactness import Verdict, decide, default_runs_plain, recorded_verdict, trees_allowed
 from specdec_edge.generation import EngineLease, Generation, closed_error
 from specdec_edge.runtime import Engine, open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
+from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.threads import check_threads
+from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.costs import CostKey, device_costs
 from specdec_edge.speculative.features import FeatureTap
@@ -29,6 +33,7 @@ from specdec_edge.streaming import GenerationResult, StopFilter, Stream, text_pi
 from specdec_edge.tokenizer import Tokenizer
 
 __all__ = ["GenerationResult", "Pipeline", "StopFilter", "Stream"]
+log = logging.getLogger("specdec_edge")
 
 
 class Pipeline:
@@ -51,6 +56,7 @@ class Pipeline:
         heads: dict[str, HeadGraph] | None = None,
         allow_inexact: bool = False,
         cost_key: CostKey | None = None,
+        verdict: Verdict | None = None,
     ):
         spec = get_method(method)
         k = spec.default_k if k is None else k
@@ -61,13 +67,11 @@ class Pipeline:
         if spec.speculative and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
             raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
         graph = target.graph
-        if spec.speculative and not graph.batch_invariant and target.measured_by_export and not allow_inexact:
-            raise SpecdecError(
-                f"this bundle's {graph.dtype} target failed the batch-invariance check at export: verifying several "
-                "tokens in one pass can change its output, so speculative decoding would not be exact. Re-export "
-                "it with this version of specdec-edge (int8/int4 bundles are now built batch invariant), use "
-                "method 'plain', or allow_inexact=True (--allow-inexact) to accept the difference."
-            )
+        if verdict is None:  # engines opened by hand: measured on them now (Pipeline.load caches it per device)
+            verdict = to_verdict(measure(target), {})
+        apply(target, verdict)
+        self.verdict = verdict
+        decision = decide(verdict, graph.dtype, speculative=spec.speculative, allow_inexact=allow_inexact)
         self.allow_inexact = allow_inexact
         self.tokenizer = tokenizer
         self.target = target
@@ -79,17 +83,14 @@ class Pipeline:
         proposer_options, rule_options = spec.check_options(self.options)
         # The engine the decode loop drives: head methods read the target's features through a tap.
         self.engine = FeatureTap(target) if spec.taps_features(self.heads) else target
-        quantized = graph.dtype not in ("fp32", "fp16")  # float graphs round trees by ~1e-5 only: near-ties logged
-        chains_only = quantized and not graph.tree_invariant and not allow_inexact and target.measured_by_export
-        resources = Resources(self.engine, draft, self.heads, trees=not chains_only, costs=self._device_costs)
+        trees = trees_allowed(verdict, graph.dtype, allow_inexact)
+        resources = Resources(self.engine, draft, self.heads, trees=trees, costs=self._device_costs)
         self.proposer = spec.build(resources, proposer_options)
-        if self.proposer.branches and chains_only:
-            raise SpecdecError(
-                f"method {method!r} proposes token trees, and this bundle's {graph.dtype} target verifies only "
-                "chain-shaped proposals bit for bit (tree rows round differently; measured at export), so its "
-                "output could differ from plain decoding. Use a chain: method 'pld' or 'draft', or EAGLE/pld-eagle "
-                "with -o topk=1 (the default such bundles record); or allow_inexact=True (--allow-inexact)."
-            )
+        if self.proposer.branches:  # refused (naming the fixes) where trees are not exact
+            decision = decide(verdict, graph.dtype, speculative=True, branches=True, allow_inexact=allow_inexact)
+        self.exactness = decision
+        if decision.note:
+            log.warning("method %s: %s", method, decision.note) if decision.inexact else log.info("%s", decision.note)
         self.rule = spec.acceptance(rule_options)
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
         self._lease = lease or EngineLease()  # shared by the pipelines over these engines (with_method)
@@ -136,9 +137,12 @@ class Pipeline:
         ``provider``: "cpu", "cuda" (ONNX Runtime CUDA EP), "tensorrt" (ONNX Runtime TensorRT EP) or
         "trt" / "trt-rtx" (TensorRT / TensorRT-RTX engines from `specdec-edge build-engines`); see
         ``runtime/factory.py``.
-        ``allow_inexact``: permit speculation on a bundle that failed the export-time batch-invariance
-        check (bundles of older versions with int8/int4 weights), whose batched verification can change
-        the output (see GraphSpec.batch_invariant).
+        ``allow_inexact``: permit speculation that the device's exactness verdict does not vouch for
+        (``exactness.py``: a target that is not batch invariant on this device, or token trees on a quantized
+        target whose tree rows round differently), whose output may then differ from plain decoding. The
+        verdict is the export machine's on that machine; on any other device (CPU model or features,
+        provider, GPU, ONNX Runtime version, threads) it is measured on first use, in seconds, and cached
+        (``runtime/verdicts.py``).
         ``pad_to``: GPU providers pad every narrower pass to this many rows so that speculative and
         plain decoding round alike (default 32; 0 turns it off; see ``runtime/ort_gpu_engine.py``).
         ``cuda_graph`` (provider "cuda"): decode passes run as one fixed-shape pass that ONNX Runtime
@@ -152,13 +156,13 @@ class Pipeline:
         heads = manifest.heads or {}
         chosen = method
         method = method or default_method(manifest.draft is not None, heads, manifest.default_method)
+        cpu = check_threads(threads, spinning)
         problem = get_method(method).missing(
             manifest.draft is not None, [h for h in heads if h in HEAD_METHODS], f"bundle {root}"
         )
         if problem:  # before the engines load
             raise SpecdecError(problem)
         get_method(method).check_options(options)  # a bad option is named before the engines load, too
-        cpu = check_threads(threads, spinning)
         share = manifest.draft is not None or bool(heads)  # GPU engines: their CPU fallback pools must not spin
         engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
         if cuda_graph:
@@ -168,8 +172,12 @@ class Pipeline:
         if manifest.draft is not None:
             draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **engine)
         graph = manifest.target.graph
-        if chosen is None and method == "auto" and not graph.batch_invariant and target.measured_by_export:
-            method = "plain"  # the default must run: speculation on this graph would not be exact here
+        # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
+        setting = provider + ("+cuda-graph" if cuda_graph else "")
+        device = device_identity(setting, str(cpu.threads or "default"))
+        verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device)
+        if chosen is None and default_runs_plain(verdict):
+            method = "plain"  # the default must run: speculation on this graph would not be exact on this device
         return cls(
             Tokenizer.from_bundle(root, manifest.tokenizer, chat_template),
             target,
@@ -179,10 +187,8 @@ class Pipeline:
             options,
             heads=load_head_graphs(root, heads, cpu),
             allow_inexact=allow_inexact,
-            # CUDA graphs change what a pass costs: their measurements are cached apart
-            cost_key=CostKey.for_bundle(
-                root, provider + ("+cuda-graph" if cuda_graph else ""), cpu.threads, cpu.spinning
-            ),
+            cost_key=CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning),
+            verdict=verdict,
         )
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
@@ -201,6 +207,7 @@ class Pipeline:
             self.heads,
             self.allow_inexact if allow_inexact is None else allow_inexact,
             self.cost_key,
+            self.verdict,
         )
 
     @property

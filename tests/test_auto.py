@@ -15,7 +15,8 @@ import pytest
 
 from specdec_edge import Pipeline
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
-from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes, subset
+from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes
+from specdec_edge.speculative.proposal import subset
 from specdec_edge.speculative.costs import WIDTHS, CostKey, CostModel, cost_path, load_costs
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.methods import Resources, auto_candidates

@@ -83,7 +83,7 @@ def test_precisions_export_validate_and_speculate_exactly(tiny_llama_dir, tmp_pa
         assert "MatMulNBits" in ops and "MatMul" not in ops
     # Measured at export, not assumed from the dtype: one-row passes are padded to two.
     invariance = m.target.validation["batch_invariance"]
-    assert m.target.graph.batch_invariant and invariance["multi_row_matches"]
+    assert m.target.graph.batch_invariant and invariance["failed_widths"] == [] and invariance["max_width"] == 64
     assert m.target.graph.min_pass_width == (1 if invariance["single_row_matches"] else 2)
     from specdec_edge import Pipeline
     from tests.test_methods import assert_greedy_equals_plain

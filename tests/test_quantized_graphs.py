@@ -12,7 +12,7 @@ from specdec_edge.errors import ExportError
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.export.gguf_blocks import blocks_from_raw
 from specdec_edge.export.graph import build_decoder, save
-from specdec_edge.export.invariance import check_batch_invariance
+from specdec_edge.runtime.verdicts import measure
 from specdec_edge.export.sources import load_model
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.speculative.loop import prefill
@@ -40,7 +40,7 @@ def test_gguf_blocks_in_the_graph_match_their_dequantized_weights(tiny_llama_dir
         paths[name] = tmp_path / name / "model.onnx"
         paths[name].parent.mkdir()
         save(build_decoder(c, flavour="ort", dtype="fp32", capacity=256, hidden_states=False), paths[name])
-    verdict = check_batch_invariance(paths["kept"], spec)
+    verdict = measure(OrtEngine(paths["kept"], spec, threads=1))
     assert verdict["batch_invariant"] and verdict["min_pass_width"] == 2
     engines = {name: OrtEngine(path, spec, threads=1) for name, path in paths.items()}
     context = [5, 9, 17, 33, 2, 8, 41, 12]

@@ -17,6 +17,7 @@ from pathlib import Path
 from specdec_edge import __version__
 from specdec_edge.bundle import SCHEMA_VERSION, CacheSpec, GraphSpec, StagingDir, prepare_out_dir
 from specdec_edge.errors import ExportError
+from specdec_edge.exactness import head_trees, recorded_verdict
 
 # "gguf": a GGUF's own quantized blocks, kept as they are (export/gguf_blocks.py), the rest fp32.
 DTYPES = ("fp32", "fp16", "int8", "int4", "gguf")
@@ -187,7 +188,7 @@ def export_bundle(
             with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]
                 target_graph = specs["target"]["graph"]
-                chains = not target_graph["tree_invariant"] and dtype not in ("fp32", "fp16")
+                chains = not head_trees(recorded_verdict(target_graph), dtype)
                 manifest["heads"] = export_heads(
                     heads,
                     embed,
@@ -238,8 +239,10 @@ def export_graph(
     loaded, root: Path, role: str, *, flavour, dtype, capacity, hidden_states, prog, feature_layers=()
 ) -> dict:
     from specdec_edge.export.graph import build_decoder, save
-    from specdec_edge.export.invariance import check_batch_invariance
     from specdec_edge.export.validate import validate_graph
+    from specdec_edge.runtime.device import device_identity
+    from specdec_edge.runtime.ort_engine import OrtEngine
+    from specdec_edge.runtime.verdicts import measure
 
     cfg = loaded.decoder
     folder = root / role
@@ -283,13 +286,19 @@ def export_graph(
         inputs=contract_inputs(cfg, capacity, cache_dtype, flavour),
         outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states, feature_layers),
     )
-    with prog.stage(f"[{role}] batch invariance (widths 1-8, tree; bit for bit)"):
-        invariance = check_batch_invariance(path, spec)
+    with prog.stage(f"[{role}] exactness verdict (chains of 1-64 rows, trees, key-count boundaries; bit for bit)"):
+        invariance = measure(OrtEngine(path, spec, threads=None))  # as a default Pipeline.load runs it
+    details = {k: v for k, v in invariance.items() if k not in ("batch_invariant", "min_pass_width", "tree_invariant")}
     spec = replace(
         spec,
         batch_invariant=invariance["batch_invariant"],
         min_pass_width=invariance["min_pass_width"],
-        tree_invariant=invariance["tree_rows_match"],
+        tree_invariant=invariance["tree_invariant"],
+        verdict={
+            "max_width": details.pop("max_width"),
+            "device": device_identity("cpu", "default"),
+            "details": details,
+        },
     )
     with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
         report = {**validate_graph(path, spec, loaded.model), "batch_invariance": invariance}

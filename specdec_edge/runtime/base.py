@@ -110,9 +110,12 @@ class Engine(ABC):
     graph: object  # bundle.GraphSpec
     capacity: int  # cache slots
     length: int = 0  # committed slots
-    # Runs the CPU kernels that the export-time batch-invariance check measured (GraphSpec.batch_invariant).
-    # GPU engines pad every pass to one width instead (pad_step), so that verdict does not apply to them.
-    measured_by_export: bool = True
+    # From the device's exactness verdict (runtime/verdicts.py, applied by ``verdicts.apply``): passes narrower
+    # than ``min_width`` rows are padded to it (engines that pad to a width of their own ignore it), and a pass
+    # must not straddle one of the key-count ``boundaries`` (``max_rows``).
+    min_width: int = 1
+    boundaries: tuple = ()
+    max_width: int | None = None  # the widest verify pass measured exact (wider proposals are cut to it)
 
     @abstractmethod
     def run(
@@ -140,6 +143,19 @@ class Engine(ABC):
     @property
     def vocab_size(self) -> int:
         return self.graph.vocab_size
+
+    def max_rows(self, past: int | None = None) -> int | None:
+        """The most rows a pass after ``past`` committed slots (default: ``length``) may have so that every row
+        keeps the rounding of plain decoding, or None for no limit.
+
+        Plain decoding computes the token at position p in a pass of ``min_width`` rows, over p + min_width
+        keys. At a key-count boundary B the kernels round differently (``runtime/verdicts.py``), so rows at
+        positions below B - min_width and rows from there on must not share a pass; and no pass may be wider
+        than ``max_width``, the widest measured exact."""
+        past = self.length if past is None else past
+        limits = [b - self.min_width - past for b in self.boundaries if b - self.min_width > past]
+        limits += [self.max_width] if self.max_width else []
+        return min(limits) if limits else None
 
     def reset(self) -> None:
         self.length = 0

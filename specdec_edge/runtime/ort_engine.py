@@ -41,10 +41,10 @@ class OrtEngine(Engine):
         self.session = create_session(model_path, cpu_session_options(CpuThreads(threads, spinning)), provider)
         check_contract(self.session, graph, model_path)
         spec = graph.cache
-        # Passes narrower than this are padded (export/invariance.py measured the graph); the slots the
-        # padding writes past the last real token are kept free.
+        # Passes narrower than this are padded (the export's verdict; runtime/verdicts.py applies the device's);
+        # the slot a 2-row padding writes past the last real token is kept free.
         self.min_width = max(1, graph.min_pass_width)
-        self.capacity = min(capacity or spec.capacity, spec.capacity - (self.min_width - 1))
+        self.capacity = min(capacity or spec.capacity, spec.capacity - 1)
         dtype = np.float16 if spec.dtype == "float16" else np.float32
         # (layers, K/V, batch, kv_heads, capacity, head_dim); the graph's buffers keep the exported capacity.
         self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, spec.capacity, spec.head_dim), dtype)

@@ -113,8 +113,6 @@ def compaction_model(cache_dtype: str) -> bytes:
 class OrtGpuEngine(Engine):
     """Runs one bundle graph on ONNX Runtime's CUDA or TensorRT EP with a device-resident KV cache (batch 1)."""
 
-    measured_by_export = False  # every pass padded to ``pad_to`` rows instead
-
     def __init__(
         self,
         model_path: str | Path,
@@ -249,8 +247,9 @@ class OrtGpuEngine(Engine):
             self.fixed_passes += 1
             logits, hidden = self._fixed.run(pad_step(step, self.pad_to, self.length))
             return StepOutput(logits[seq - keep : seq], None if hidden is None else hidden[:seq])
-        if seq < self.pad_to <= self.capacity - self.length:
-            step = pad_step(step, self.pad_to, self.length)
+        width = max(self.pad_to, self.min_width)  # the device verdict's padding, where pad_to is off
+        if seq < width <= self.capacity - self.length:
+            step = pad_step(step, width, self.length)
         binding = self._bindings[self._current]
         binding.bind_cpu_input("input_ids", step.ids)
         binding.bind_cpu_input("position_ids", step.positions)

@@ -43,8 +43,6 @@ class TensorRTEngine(Engine):
     step is one strided ``cudaMemcpy2DAsync`` per moved slot covering every layer, K and V.
     """
 
-    measured_by_export = False  # every pass padded to ``pad_to`` rows instead
-
     def __init__(
         self, plan_path: Path, graph: GraphSpec, sidecar: dict, pad_to: int | None = None, backend: str = "trt"
     ):
@@ -134,8 +132,9 @@ class TensorRTEngine(Engine):
                 f"this step has {seq} new tokens; the engine takes at most {self._max_seq} per pass: "
                 "rebuild the engine with a larger --max-verify."
             )
-        if seq < self.pad_to <= self.capacity - self.length:  # one shape for every pass: see ort_gpu_engine
-            step = pad_step(step, self.pad_to, self.length)
+        width = max(self.pad_to, self.min_width)  # one shape for every pass: see ort_gpu_engine
+        if seq < width <= self.capacity - self.length:
+            step = pad_step(step, width, self.length)
         self._keep[0] = step.keep
         self._upload("input_ids", step.ids)
         self._upload("position_ids", step.positions)

@@ -33,7 +33,7 @@ import numpy as np
 
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.predictors import Predictor, prefix_order
-from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 
 PROBE_EVERY = 32  # steps: a proposer not verified for this long is verified once (doubling while probes fail)
 PROBE_MAX = 1024
@@ -283,18 +283,6 @@ def merged_option(options: list[_Option], value) -> _Option:
         inside = position[mapped] >= 0
         cut.append((c, [k for k, ok in zip(keys, inside) if ok], position[mapped][inside]))
     return _Option(float(gains[width - 1]), width, options[0].candidate, subset(tree, kept), cut)
-
-
-def subset(proposal: Proposal, kept: np.ndarray) -> Proposal:
-    """The proposal's nodes ``kept`` (parent-first: every node's parent comes before it), re-indexed."""
-    kept = np.asarray(kept, dtype=np.int64)
-    probs = None if proposal.probs is None else proposal.probs[kept]
-    confidence = None if proposal.confidence is None else proposal.confidence[kept]
-    if proposal.parents is None:  # a chain's prefix
-        return Proposal(proposal.tokens[kept], probs, None, proposal.source, confidence)
-    index = {int(node): j for j, node in enumerate(kept)}
-    parents = np.array([index.get(int(proposal.parents[i]), -1) for i in kept], dtype=np.int64)
-    return Proposal(proposal.tokens[kept], probs, parents, proposal.source, confidence)
 
 
 def accepted_nodes(proposal: Proposal, emitted) -> np.ndarray:

@@ -19,9 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_edge.runtime.base import Engine
+from specdec_edge.runtime.device import device_name
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.stats import Stats
@@ -40,26 +38,6 @@ COST_FORMAT = 1  # bumped when what is measured changes: older cache files are t
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 CONTEXTS = (64, 512)
 REPEATS = 3
-
-
-def device_name(provider: str) -> str:
-    """What runs the passes: the CPU's model name, or the GPU's (from nvidia-smi) for GPU providers."""
-    if provider != "cpu" and shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
-            )
-            if out.returncode == 0 and out.stdout.strip():
-                return out.stdout.strip().splitlines()[0]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 @dataclass(frozen=True)
@@ -76,8 +54,11 @@ class CostKey:
     @classmethod
     def for_bundle(cls, root: str | Path, provider: str, threads: int | None, spinning: bool, candidates=()) -> CostKey:
         digest = hashlib.sha256((Path(root) / "manifest.json").read_bytes()).hexdigest()
-        setting = f"{threads or 'default'}{'' if spinning else ',sleeping'}"
-        return cls(digest, provider, device_name(provider), setting, tuple(candidates))
+        return cls(digest, provider, device_name(provider), cls.thread_setting(threads, spinning), tuple(candidates))
+
+    @staticmethod
+    def thread_setting(threads: int | None, spinning: bool) -> str:
+        return f"{threads or 'default'}{'' if spinning else ',sleeping'}"
 
     def filename(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20] + ".json"

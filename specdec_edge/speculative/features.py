@@ -26,7 +26,6 @@ class FeatureTap(Engine):
             )
         self.engine = engine
         self.graph = engine.graph
-        self.measured_by_export = engine.measured_by_export
         self.capacity = engine.capacity
         self.features = np.zeros((engine.capacity, engine.graph.hidden_size), dtype=np.float32)  # [capacity, H]
         width = len(engine.graph.feature_layers) * engine.graph.hidden_size
@@ -40,6 +39,14 @@ class FeatureTap(Engine):
 
     def reset(self) -> None:
         self.engine.reset()
+
+    def max_rows(self, past: int | None = None) -> int | None:
+        return self.engine.max_rows(past)
+
+    # the wrapped engine's exactness settings (runtime/verdicts.py applies them to either)
+    min_width = property(lambda self: self.engine.min_width)
+    boundaries = property(lambda self: self.engine.boundaries)
+    max_width = property(lambda self: self.engine.max_width)
 
     def rollback(self, length: int) -> None:
         self.engine.rollback(length)

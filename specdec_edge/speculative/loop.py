@@ -26,7 +26,7 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import PREFILL_CHUNK, Engine
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
-from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.speculative.tree import tree_inputs
 
@@ -96,9 +96,7 @@ def decode(
             return
         left = max_new_tokens - stats.new_tokens
         t0 = time.perf_counter()
-        proposal = proposer.propose(context, min(k, left - 1))
-        if target.length + 1 + len(proposal.tokens) > target.capacity:
-            proposal = EMPTY  # no room to verify a proposal this wide: a plain step
+        proposal = fit(target, proposer.propose(context, min(k, left - 1)))
         t1 = time.perf_counter()
         logits, hidden = verify(target, context[-1], proposal)
         t2 = time.perf_counter()
@@ -141,6 +139,17 @@ def decode(
         yield Emitted(emitted, finish)
         if finish is not None:
             return
+
+
+def fit(target: Engine, proposal: Proposal) -> Proposal:
+    """``proposal`` cut so that its pass keeps plain decoding's rounding (``Engine.max_rows``: no key-count
+    boundary inside it; nodes are parent-first, so a prefix is a tree) and fits in the cache (else no proposal)."""
+    rows = target.max_rows()
+    if rows is not None and 1 + len(proposal.tokens) > rows:
+        proposal = subset(proposal, np.arange(rows - 1)) if rows > 1 else EMPTY
+    if target.length + 1 + len(proposal.tokens) > target.capacity:
+        proposal = EMPTY  # no room to verify a proposal this wide: a plain step
+    return proposal
 
 
 def verify(target: Engine, pending: int, proposal: Proposal) -> tuple[np.ndarray, np.ndarray | None]:

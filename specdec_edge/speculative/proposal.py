@@ -37,6 +37,18 @@ class Proposal:
 EMPTY = Proposal(np.zeros(0, dtype=np.int64))
 
 
+def subset(proposal: Proposal, kept: np.ndarray) -> Proposal:
+    """The proposal's nodes ``kept`` (parent-first: every node's parent comes before it), re-indexed."""
+    kept = np.asarray(kept, dtype=np.int64)
+    probs = None if proposal.probs is None else proposal.probs[kept]
+    confidence = None if proposal.confidence is None else proposal.confidence[kept]
+    if proposal.parents is None:  # a chain's prefix
+        return Proposal(proposal.tokens[kept], probs, None, proposal.source, confidence)
+    index = {int(node): j for j, node in enumerate(kept)}
+    parents = np.array([index.get(int(proposal.parents[i]), -1) for i in kept], dtype=np.int64)
+    return Proposal(proposal.tokens[kept], probs, parents, proposal.source, confidence)
+
+
 class Proposer(ABC):
     """Proposes draft tokens for the decode loop and keeps whatever state it needs across steps.
 

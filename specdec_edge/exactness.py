@@ -1,0 +1,178 @@
+"""The one place that decides what runs exactly: given a target graph's verdict on the device it runs on,
+the method's proposal shape and ``allow_inexact``, may it run, with which minimum pass width, trees or
+chains only, and what is logged. Export, ``add_heads``, ``Pipeline`` (and through it the GPU engines,
+``chat``, ``generate``, ``serve``), ``info`` and ``bench`` ask here and restate nothing.
+
+Speculative decoding is exact only if a token's logits and K/V are bit-identical whichever pass
+computes them: the 1- or 2-row pass of plain decoding, or row j of a wider verify pass. Whether they are
+depends on the kernels of the device (``runtime/verdicts.py`` measures it, at export and again on every
+other device). A ``Verdict`` is what was measured:
+
+* ``batch_invariant``: every chain row from ``min_pass_width`` up to ``max_width`` rows, at every measured
+  key range (across the kernels' block boundaries), matched plain decoding bit for bit;
+* ``min_pass_width``: 2 when a single-row pass rounds differently from wider ones (the runtime then
+  pads one-row passes to two; plain decoding pads too, so both go through the same kernels);
+* ``tree_invariant``: token-tree rows matched their branches run as chains.
+
+The rules (``decide``):
+
+=====================================  ==================================================================
+verdict                                what runs
+=====================================  ==================================================================
+batch invariant, trees invariant       every method
+batch invariant, float graph, trees    chains exactly; trees too: fused attention rounds a tree row by ~1e-5
+not invariant                          in fp32/fp16 logits, which only a near-tie can turn into another token
+                                       (the loop logs near-ties)
+batch invariant, quantized graph,      chains only: activation rounding turns a tree's rounding into whole
+trees not invariant                    logits; tree methods are refused (``--allow-inexact`` runs them)
+not batch invariant                    plain only; speculation is refused (``--allow-inexact`` runs it)
+=====================================  ==================================================================
+
+Chains wider than ``max_width`` are cut to it (``Decision.max_width``); nothing wider was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from specdec_edge.errors import SpecdecError
+
+FLOAT_DTYPES = ("fp32", "fp16")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``runtime/verdicts.py`` measured for one target graph on one device (see the module docstring)."""
+
+    batch_invariant: bool
+    min_pass_width: int
+    tree_invariant: bool
+    max_width: int  # the widest pass measured; wider ones are never run exactly
+    device: dict = field(default_factory=dict)  # runtime/device.py: what it was measured on
+    details: dict = field(default_factory=dict)  # what was compared: rows, widths, boundaries, worst differences
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Verdict:
+        """A verdict from its JSON form; ``ValueError`` names a missing or mistyped field."""
+        if not isinstance(data, dict):
+            raise ValueError("a verdict is a JSON object")
+        for name, kind in (("batch_invariant", bool), ("tree_invariant", bool), ("device", dict), ("details", dict)):
+            if not isinstance(data.get(name), kind):
+                raise ValueError(f"verdict field {name!r} = {data.get(name)!r}")
+        bounds = data["details"].get("boundaries", [])
+        if not isinstance(bounds, list) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bounds
+        ):
+            raise ValueError(f"verdict boundaries = {bounds!r}")
+        for name in ("min_pass_width", "max_width"):
+            value = data.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 16:
+                raise ValueError(f"verdict field {name!r} = {value!r}")
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy allows for one method on one verdict."""
+
+    speculate: bool  # proposals may be verified (False: plain steps only)
+    trees: bool  # proposals may branch
+    min_width: int  # pad narrower passes to this many rows
+    max_width: int  # cut wider chains to this many rows (trees over it are refused)
+    inexact: bool = False  # runs although its output may differ from plain decoding (allow_inexact)
+    note: str | None = None  # logged once at load: what is only exact to float rounding, or inexact
+
+
+def recorded_verdict(graph) -> Verdict:
+    """The verdict a manifest's ``GraphSpec`` (or its JSON dict) records, the export machine's; ``ValueError``
+    if malformed."""
+    field_of = graph.get if isinstance(graph, dict) else lambda name: getattr(graph, name)  # a GraphSpec or its JSON
+    extra = field_of("verdict")
+    if not isinstance(extra, dict):
+        raise ValueError("the verdict is not an object")
+    return Verdict.from_json(
+        {
+            "batch_invariant": field_of("batch_invariant"),
+            "min_pass_width": field_of("min_pass_width"),
+            "tree_invariant": field_of("tree_invariant"),
+            "max_width": extra.get("max_width"),
+            "device": extra.get("device"),
+            "details": extra.get("details"),
+        }
+    )
+
+
+def trees_exact(verdict: Verdict, dtype: str) -> bool:
+    """Whether token trees may be verified on this graph without ``allow_inexact`` (float graphs round a tree
+    row by ~1e-5 only, near-ties logged; quantized graphs need tree rows bit-identical)."""
+    return verdict.batch_invariant and (verdict.tree_invariant or dtype in FLOAT_DTYPES)
+
+
+def head_trees(verdict: Verdict, dtype: str) -> bool:
+    """Whether exported heads record their branching tree (True) or a chain (topk 1) for this graph."""
+    return trees_exact(verdict, dtype)
+
+
+def decide(
+    verdict: Verdict, dtype: str, *, speculative: bool, branches: bool = False, allow_inexact: bool = False
+) -> Decision:
+    """May a method run on a graph with ``verdict``? ``speculative``: it proposes tokens; ``branches``: its
+    proposals are token trees. Returns the ``Decision``, or raises ``SpecdecError`` naming the fixes."""
+    width, widest = verdict.min_pass_width, verdict.max_width
+    where = _where(verdict)
+    if not speculative:
+        return Decision(False, False, width, widest)
+    if not verdict.batch_invariant:
+        if not allow_inexact:
+            raise SpecdecError(
+                f"this bundle's {dtype} target is not batch invariant {where}: verifying several tokens in one pass "
+                "changes its output, so speculative decoding would not be exact. Use method 'plain', re-export the "
+                "bundle with this version of specdec-edge, or pass --allow-inexact (allow_inexact=True) to accept "
+                "the difference."
+            )
+        return Decision(True, True, width, widest, True, f"INEXACT: the target is not batch invariant {where}")
+    if branches and not trees_exact(verdict, dtype):
+        if not allow_inexact:
+            raise SpecdecError(
+                f"this method proposes token trees, and this bundle's {dtype} target verifies only chain-shaped "
+                f"proposals bit for bit {where} (tree rows round differently), so its output could differ from "
+                "plain decoding. Use a chain: method 'pld' or 'draft', or EAGLE/pld-eagle with -o topk=1 (what "
+                "such bundles record); or pass --allow-inexact (allow_inexact=True)."
+            )
+        return Decision(True, True, width, widest, True, f"INEXACT: token trees round differently {where}")
+    note = None
+    if branches and not verdict.tree_invariant:
+        note = f"token trees are exact to float rounding {where} (near-ties are logged)"
+    return Decision(True, trees_exact(verdict, dtype), width, widest, False, note)
+
+
+def trees_allowed(verdict: Verdict, dtype: str, allow_inexact: bool = False) -> bool:
+    """Whether proposers may be built to branch (before one is built: ``decide`` checks what it proposes)."""
+    return trees_exact(verdict, dtype) or (allow_inexact and verdict.batch_invariant) or allow_inexact
+
+
+def default_runs_plain(verdict: Verdict) -> bool:
+    """The bundle's default method must run: on a graph that is not batch invariant it is plain."""
+    return not verdict.batch_invariant
+
+
+def describe(verdict: Verdict, dtype: str) -> str:
+    """One line for ``info``: what the verdict lets run."""
+    if not verdict.batch_invariant:
+        return "NOT batch invariant: speculation is refused (--allow-inexact runs it and may change the output)"
+    pad = f"; one-row passes padded to {verdict.min_pass_width}" if verdict.min_pass_width > 1 else ""
+    if verdict.tree_invariant:
+        trees = ", token trees too"
+    elif dtype in FLOAT_DTYPES:
+        trees = ", token trees to float rounding (near-ties logged)"
+    else:
+        trees = "; token trees round differently, so tree methods need --allow-inexact (chains stay exact)"
+    return f"batch invariant up to {verdict.max_width} rows{pad}: chains are verified bit for bit{trees}"
+
+
+def _where(verdict: Verdict) -> str:
+    device = verdict.device.get("name")
+    return f"on {device}" if device else "on this device"

@@ -1,0 +1,355 @@
+"""Batch invariance, measured on the device that runs the graph: does a token's result depend on the pass?
+
+Speculative decoding is exact only if verifying a token among draft tokens gives the bits plain
+decoding gives it. Kernels pick another code path (and rounding) for another pass shape:
+
+* MatMulNBits has one path for a single row and another for several (so one-row passes are padded to
+  two: ``min_pass_width`` 2);
+* MLAS's SGEMM picks its K and N strides from the matrix sizes (``MlasSgemmOperation``: while
+  ``StrideN / 2 >= N`` it halves the N stride and doubles the K stride). Attention's Q.K^T product has
+  N = the pass's key count (past + S) and K = the head size, so a head wider than 128 (Gemma 3: 256)
+  is summed in one K block while the pass holds at most 64 keys and in two blocks of 128 above that:
+  a token's scores round differently when its pass's key count crosses 64. Plain decoding computes the
+  token at position p with p + W keys (W = ``min_pass_width``); a verify pass that holds it and crosses
+  the boundary does not. These *key-count boundaries* are found by sweeping the key count around the
+  candidates (powers of two, the sliding window) with one token's row, and the decode loop then cuts
+  any proposal whose pass would straddle one (``Engine.max_rows``), so every row keeps plain
+  decoding's rounding;
+* fused attention rounds a tree row slightly differently from its branch run as a chain.
+
+``measure`` compares, bit for bit, the logits rows of tokens computed in passes of every width up to
+``MAX_WIDTH`` (chains) and in token trees against the pass plain decoding uses, at short contexts and
+across every candidate boundary, with the boundaries found applied as the runtime applies them. The
+verdict (``exactness.Verdict``) belongs to the device: export records the export machine's; on any
+other device (``runtime/device.py``: CPU model and features, provider, GPU, ONNX Runtime version,
+threads) ``device_verdict`` measures it again, once, in seconds, and caches it in
+``<cache>/verdicts/`` (atomically; a damaged file is measured again). ``exactness.py`` decides what runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from specdec_edge.exactness import Verdict
+from specdec_edge.runtime.base import Engine
+from specdec_edge.runtime.device import device_key
+from specdec_edge.user_cache import cache_dir
+
+VERDICT_FORMAT = 1  # bumped when what is measured changes: cached verdicts of other formats are measured again
+CHAIN_WIDTHS = (1, 2, 3, 4, 5, 8, 12, 16, 32, 64)  # the widest is what a verify pass may have (MAX_VERIFY)
+CONTEXTS = (7, 40)
+CANDIDATES = (16, 32, 64, 128, 256, 512, 1024)  # key counts where kernels may change their blocking
+NEAR_WIDTHS = (3, 8, 32)  # the widths checked across the candidates and boundaries
+FULL_SWEEP = 320  # every key count up to this is swept (kernels block by 16..128 there)
+MAX_BOUNDARIES = 16  # more than this is no blocking pattern: such a graph is not batch invariant
+SPAN = 24  # one sweep covers the key counts q+2 .. q+SPAN+1 after q slots
+# A tree over the pending token: three children, two grandchildren under the first child (parents, topological).
+TREE = [-1, 0, 0, 0, 1, 1]
+
+
+class _Probe:
+    """One engine under measurement, its cache holding a random context."""
+
+    def __init__(self, engine: Engine, seed: int):
+        self.engine = engine
+        self.rng = np.random.default_rng(seed)
+        self.vocab = engine.vocab_size
+        self.rows = 0
+
+    def tokens(self, n: int) -> np.ndarray:
+        return self.rng.integers(0, self.vocab, n)
+
+    def fill(self, length: int) -> np.ndarray:
+        """Prefill ``length`` random tokens (chunked, committed) and return them."""
+        context = self.tokens(length)
+        engine = self.engine
+        engine.reset()
+        for start in range(0, length, 256):
+            piece = context[start : start + 256]
+            engine.run(piece, logits_to_keep=1)
+            engine.commit(len(piece))
+        return context
+
+    def run(self, past: int, tokens, positions=None, bias=None) -> np.ndarray:
+        """Logits [S, V] of one uncommitted pass after ``past`` slots (a copy); the length stays at ``past``."""
+        self.engine.rollback(past)
+        self.rows += len(tokens)
+        return np.array(self.engine.run(np.asarray(tokens), positions, bias).logits, dtype=np.float32)
+
+    def canonical(self, past: int, token: int) -> np.ndarray:
+        """The row plain decoding computes for ``token`` after ``past`` slots (a one-token pass, padded as the
+        engine pads it)."""
+        return self.run(past, [token])[0]
+
+
+def _chain_rows_match(probe: _Probe, past: int, tokens: np.ndarray) -> tuple[bool, float]:
+    """Every row of one chain pass (of a wide pass, a few rows) against plain decoding's row for it, given the
+    same earlier slots (this pass's own K/V of the rows before it)."""
+    rows = probe.run(past, tokens)
+    engine = probe.engine
+    width = len(tokens)
+    checked = {0, 1, width // 2, width - 1} & set(range(width))
+    ok, worst = True, 0.0
+    for j in sorted(checked, reverse=True):  # a plain pass at past+j overwrites slots from past+j on only
+        engine.rollback(past)
+        engine.commit(j)
+        want = probe.canonical(past + j, int(tokens[j]))
+        ok &= bool(np.array_equal(rows[j], want))
+        worst = max(worst, float(np.abs(rows[j] - want).max()))
+    engine.rollback(past)
+    return ok, worst
+
+
+def _tree_rows_match(probe: _Probe, past: int, parents: list[int]) -> tuple[bool, float]:
+    """Every node of one tree pass against its branch run as a chain."""
+    from specdec_edge.speculative.tree import path_to, tree_inputs
+
+    tokens = probe.tokens(len(parents))
+    positions, bias = tree_inputs(parents, past)
+    rows = probe.run(past, tokens, positions, bias)
+    ok, worst = True, 0.0
+    for node in range(len(parents)):
+        chain = probe.run(past, tokens[path_to(parents, node)])[-1]
+        ok &= bool(np.array_equal(rows[node], chain))
+        worst = max(worst, float(np.abs(rows[node] - chain).max()))
+    return ok, worst
+
+
+def _random_tree(rng: np.random.Generator, nodes: int) -> list[int]:
+    return [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
+
+
+def _row_signature(probe: _Probe, past: int, tokens: np.ndarray) -> np.ndarray:
+    """What one pass computes for its first row: its K/V in every layer after the first where the engine's cache
+    is host memory (cheap: no LM head over every row; every layer's attention shows in the next layer's K/V),
+    else its logits row."""
+    engine = probe.engine
+    cache = getattr(engine, "cache", None)
+    if isinstance(cache, np.ndarray):
+        engine.rollback(past)
+        engine.run(tokens, logits_to_keep=1)
+        return cache[1:, :, :, :, past, :].copy()
+    return probe.run(past, tokens)[0]
+
+
+def _changes(probe: _Probe, q: int, tokens: np.ndarray, lo: int, hi: int, sig_lo, sig_hi, found: set) -> None:
+    """Add to ``found`` every key count in (q+lo, q+hi] where the first row's signature changes, by bisection
+    (a kernel's blocking changes at a key count and stays: equal ends mean no change between them)."""
+    if np.array_equal(sig_lo, sig_hi):
+        return
+    if hi - lo == 1:
+        found.add(q + hi)
+        return
+    mid = (lo + hi) // 2
+    sig_mid = _row_signature(probe, q, tokens[:mid])
+    _changes(probe, q, tokens, lo, mid, sig_lo, sig_mid, found)
+    _changes(probe, q, tokens, mid, hi, sig_mid, sig_hi, found)
+
+
+def find_boundaries(probe: _Probe, candidates: tuple[int, ...]) -> list[int] | None:
+    """Key counts B at which one token's row changes (a pass over B keys rounds unlike one over B - 1).
+
+    One token at position q is computed in passes of 2 .. SPAN+1 rows, so that only the key count changes, for
+    every key count up to ``FULL_SWEEP`` and around each larger candidate. None when a row depends on the other
+    tokens of its pass (activations quantized per tensor): then no pass of two or more rows is exact."""
+    engine = probe.engine
+    starts = set(range(1, min(FULL_SWEEP, engine.capacity), SPAN - 1))  # windows overlap by one key count
+    starts |= {c - SPAN // 2 for c in candidates if c > FULL_SWEEP}
+    starts = sorted(q for q in starts if q >= 1 and q + SPAN + 1 <= engine.capacity)
+    if not starts:
+        return []
+    probe.fill(starts[-1])
+    found: set = set()
+    for q in reversed(starts):  # a pass after q slots writes only slots from q on: later starts are lower
+        tokens = probe.tokens(SPAN + 1)
+        first, last = _row_signature(probe, q, tokens[:2]), _row_signature(probe, q, tokens)
+        _changes(probe, q, tokens, 2, SPAN + 1, first, last, found)
+        others = np.concatenate([tokens[:1], probe.tokens(SPAN)])  # the same first token, other partners
+        if not np.array_equal(_row_signature(probe, q, others), last):
+            return None
+    return sorted(found)
+
+
+def _descending(probe: _Probe, lengths) -> list[tuple[int, int]]:
+    """(past, pending token) for each context length, longest first, over one random context filled once: a pass
+    after ``past`` slots writes only slots from ``past`` on, which the shorter contexts after it never read."""
+    lengths = sorted(set(lengths), reverse=True)
+    if not lengths:
+        return []
+    context = probe.fill(lengths[0])
+    return [(n - 1, int(context[n - 1])) for n in lengths]
+
+
+def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CANDIDATES, widths=CHAIN_WIDTHS) -> dict:
+    """The verdict for ``engine``'s graph on this device (see the module docstring), as a JSON-able dict with
+    ``batch_invariant``, ``min_pass_width``, ``tree_invariant``, ``max_width``, ``boundaries`` and what was
+    compared. The engine is left with the measured padding and boundaries applied, its cache empty."""
+    start = time.perf_counter()
+    probe = _Probe(engine, seed)
+    engine.min_width, engine.boundaries, engine.max_width = 1, (), None
+    widths = [w for w in widths if max(CONTEXTS) + w <= engine.capacity]
+    fits = lambda n, ws: n >= 2 and n + max(ws) <= engine.capacity  # noqa: E731
+    near = [c - 3 for c in candidates]
+    # 1. a single row against two rows (MatMulNBits' and SGEMM's one-row paths)
+    single_ok, worst_single = True, 0.0
+    for past, pending in _descending(probe, [n for n in (*CONTEXTS, *near) if fits(n, widths)]):
+        one = probe.run(past, [pending])[0]
+        two = probe.run(past, [pending, *probe.tokens(1)])[0]
+        single_ok &= bool(np.array_equal(one, two))
+        worst_single = max(worst_single, float(np.abs(one - two).max()))
+    engine.min_width = 1 if single_ok else 2
+    # 2. key-count boundaries; then every width (at short contexts) or a few (across each candidate and boundary),
+    # and token trees, with the boundaries applied as the decode loop applies them (no pass straddles one)
+    found = find_boundaries(probe, candidates)
+    partners_matter = found is None or len(found) > MAX_BOUNDARIES
+    boundaries = [] if partners_matter else found
+    engine.boundaries = tuple(boundaries)
+    near += [n for b in boundaries for n in (b - engine.min_width, b + 1)]
+    cases = {n: widths for n in CONTEXTS if fits(n, widths)}
+    cases.update({n: NEAR_WIDTHS for n in near if n not in cases and fits(n, NEAR_WIDTHS)})
+    failed, worst_multi = set(), 0.0  # the chain widths that failed anywhere
+    for past, pending in _descending(probe, cases):
+        limit = engine.max_rows(past) or engine.capacity
+        for width in cases[past + 1]:
+            ok, worst = _chain_rows_match(probe, past, np.array([pending, *probe.tokens(min(width, limit) - 1)]))
+            failed |= set() if ok else {width}
+            worst_multi = max(worst_multi, worst)
+    # the widest pass that matched, with every narrower width measured matching too (wider ones are cut to it)
+    good = [w for w in widths if w >= 2 and not any(f <= w for f in failed)]
+    max_width = 1 if partners_matter else max(good, default=1)
+    engine.max_width = max_width
+    tree_ok, worst_tree = max_width >= 2, 0.0
+    for past, _ in _descending(probe, cases) if tree_ok else []:
+        limit = min(engine.max_rows(past) or max_width, max_width)
+        trees = [TREE, _random_tree(probe.rng, 24)] if cases[past + 1] is widths else [TREE]
+        for parents in trees:
+            ok, worst = _tree_rows_match(probe, past, parents[:limit])
+            tree_ok &= ok
+            worst_tree = max(worst_tree, worst)
+    engine.reset()
+    return {
+        "batch_invariant": max_width >= 2,
+        "min_pass_width": engine.min_width,
+        "tree_invariant": bool(tree_ok),
+        "max_width": max_width,
+        "failed_widths": sorted(failed),
+        "rows_depend_on_partners": partners_matter,
+        "boundaries": boundaries,
+        "single_row_matches": bool(single_ok),
+        "single_row_max_abs_diff": worst_single,
+        "multi_row_max_abs_diff": worst_multi,
+        "tree_max_abs_diff": worst_tree,
+        "contexts": sorted(cases),
+        "widths": widths,
+        "rows_compared": probe.rows,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def to_verdict(measured: dict, device: dict) -> Verdict:
+    """The ``exactness.Verdict`` of a ``measure`` result on ``device``."""
+    keys = ("batch_invariant", "min_pass_width", "tree_invariant", "max_width")
+    details = {k: v for k, v in measured.items() if k not in keys}
+    return Verdict(**{k: measured[k] for k in keys}, device=device, details=details)
+
+
+# ---- the per-device cache
+
+
+def verdict_path(bundle_digest: str, graph_path: str, device: dict) -> Path:
+    key = json.dumps([VERDICT_FORMAT, bundle_digest, graph_path, device_key(device)])
+    return cache_dir() / "verdicts" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+
+
+def bundle_digest(root: str | Path) -> str:
+    """sha256 of the bundle's manifest (which lists every file's sha256)."""
+    return hashlib.sha256((Path(root) / "manifest.json").read_bytes()).hexdigest()
+
+
+def load_verdict(path: Path, digest: str, graph_path: str, device: dict) -> Verdict | None:
+    """The cached verdict at ``path`` if it is whole and for this bundle, graph and device; else None."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("format") != VERDICT_FORMAT:
+            return None
+        if (data.get("bundle"), data.get("graph")) != (digest, graph_path):
+            return None
+        verdict = Verdict.from_json(data.get("verdict"))
+    except (OSError, ValueError, TypeError, UnicodeDecodeError):
+        return None
+    return verdict if verdict.device == device else None
+
+
+def save_verdict(path: Path, digest: str, graph_path: str, verdict: Verdict) -> Path | None:
+    """Write the verdict atomically; None (and nothing written) where the cache cannot be written."""
+    data = {"format": VERDICT_FORMAT, "bundle": digest, "graph": graph_path, "verdict": verdict.to_json()}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+        return None
+    return path
+
+
+def cached_verdicts(root: str | Path) -> list[dict]:
+    """Every cached verdict of the bundle at ``root`` (any device), as stored: for ``info``."""
+    digest = bundle_digest(root)
+    found = []
+    for path in sorted((cache_dir() / "verdicts").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") == VERDICT_FORMAT and data.get("bundle") == digest:
+                found.append({"graph": data["graph"], **Verdict.from_json(data["verdict"]).to_json()})
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def device_verdict(
+    root: str | Path,
+    recorded: Verdict,
+    graph_path: str,
+    engine: Engine,
+    device: dict,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> Verdict:
+    """The verdict that holds for ``engine`` on ``device``: the one export ``recorded`` if it was measured on this
+    very device, else the cached one, else measured now (seconds; cached). The engine gets its padding and
+    boundaries from it."""
+    if recorded.device == device:
+        verdict = recorded
+    else:
+        digest = bundle_digest(root)
+        path = verdict_path(digest, graph_path, device)
+        verdict = load_verdict(path, digest, graph_path, device)
+        if verdict is None:
+            say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+            say(
+                f"specdec-edge: checking on {device.get('name')} ({device.get('provider')}) that verification is "
+                "exact here (the bundle was checked on another device); once per device, a few seconds"
+            )
+            verdict = to_verdict(measure(engine), device)
+            saved = save_verdict(path, digest, graph_path, verdict)
+            where = f"; cached in {saved}" if saved else " (the cache is not writable: measured again next time)"
+            say(f"specdec-edge: checked in {verdict.details.get('seconds')} s{where}")
+    apply(engine, verdict)
+    return verdict
+
+
+def apply(engine: Engine, verdict: Verdict) -> None:
+    """Give ``engine`` the padding and the key-count boundaries ``verdict`` measured."""
+    engine.min_width = verdict.min_pass_width
+    engine.boundaries = tuple(verdict.details.get("boundaries", ()))
+    engine.max_width = verdict.max_width

@@ -1,0 +1,278 @@
+"""Exactness: the verdict measured on the device (runtime/verdicts.py), the one policy that reads it
+(exactness.py), and what the runtime does with it (padding, key-count boundaries, chains or trees)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+
+from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.bundle import read_manifest
+from specdec_edge.exactness import Verdict, decide, describe, recorded_verdict, trees_allowed
+from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.verdicts import cached_verdicts, device_verdict, measure, to_verdict
+from specdec_edge.speculative.loop import prefill
+from tests.tiny_models import make_model
+
+INVARIANT = Verdict(True, 2, True, 64)
+CHAINS_ONLY = Verdict(True, 2, False, 64)
+NOT_INVARIANT = Verdict(False, 2, False, 1)
+
+
+# ---- the policy, pinned: verdict x dtype x chain/tree x allow_inexact
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8", "int4", "gguf"])
+@pytest.mark.parametrize("allow", [False, True])
+def test_policy_matrix(dtype, allow):
+    floating = dtype in ("fp32", "fp16")
+    # plain always runs, padded as plain decoding is
+    for v in (INVARIANT, CHAINS_ONLY, NOT_INVARIANT):
+        d = decide(v, dtype, speculative=False, allow_inexact=allow)
+        assert (d.speculate, d.min_width, d.inexact) == (False, 2, False)
+    # an invariant graph: chains and trees, exactly
+    for branches in (False, True):
+        d = decide(INVARIANT, dtype, speculative=True, branches=branches, allow_inexact=allow)
+        assert (d.speculate, d.trees, d.inexact, d.note) == (True, True, False, None)
+    # tree rows that round differently: chains exact everywhere; trees exact to rounding on float graphs only
+    assert decide(CHAINS_ONLY, dtype, speculative=True, allow_inexact=allow).inexact is False
+    assert trees_allowed(CHAINS_ONLY, dtype, allow) is (floating or allow)
+    if floating:
+        d = decide(CHAINS_ONLY, dtype, speculative=True, branches=True, allow_inexact=allow)
+        assert not d.inexact and "float rounding" in d.note
+    elif allow:
+        d = decide(CHAINS_ONLY, dtype, speculative=True, branches=True, allow_inexact=True)
+        assert d.inexact and "INEXACT" in d.note
+    else:
+        with pytest.raises(SpecdecError, match="token trees.*chain-shaped.*topk=1.*--allow-inexact"):
+            decide(CHAINS_ONLY, dtype, speculative=True, branches=True)
+    # not batch invariant: speculation only with allow_inexact, marked
+    if allow:
+        assert decide(NOT_INVARIANT, dtype, speculative=True, allow_inexact=True).inexact
+    else:
+        with pytest.raises(SpecdecError, match="not batch invariant.*'plain'.*--allow-inexact"):
+            decide(NOT_INVARIANT, dtype, speculative=True)
+
+
+def test_describe_names_what_runs():
+    assert "trees round differently" in describe(CHAINS_ONLY, "gguf")
+    assert "float rounding" in describe(CHAINS_ONLY, "fp32")
+    assert describe(NOT_INVARIANT, "int8").startswith("NOT batch invariant")
+
+
+def test_verdict_json_is_checked():
+    assert Verdict.from_json(INVARIANT.to_json()) == INVARIANT
+    for bad in ({**INVARIANT.to_json(), "max_width": 0}, {**INVARIANT.to_json(), "batch_invariant": 1}, [],
+                {**INVARIANT.to_json(), "details": {"boundaries": ["64"]}}):  # fmt: skip
+        with pytest.raises(ValueError):
+            Verdict.from_json(bad)
+
+
+# ---- what export measures and the runtime does with it
+
+
+def test_fp32_bundle_is_measured_invariant_from_two_rows(tiny_bundle):
+    graph = read_manifest(tiny_bundle).target.graph
+    verdict = recorded_verdict(graph)
+    assert graph.batch_invariant and verdict.max_width == 64 and verdict.details["rows_compared"] >= 200
+    # A single row goes through other kernels than two or more (last-bit differences), so passes are padded.
+    assert (verdict.min_pass_width, verdict.details["single_row_matches"]) == (2, False)
+    assert 0 < verdict.details["single_row_max_abs_diff"] < 1e-4
+    assert verdict.device["provider"] == "cpu" and verdict.device["name"]
+
+
+def test_the_runtime_pads_single_rows_to_the_measured_width(tiny_bundle):
+    graph = read_manifest(tiny_bundle).target.graph
+    padded = OrtEngine(tiny_bundle / graph.path, graph, threads=1)
+    raw = OrtEngine(tiny_bundle / graph.path, replace(graph, min_pass_width=1), threads=1)
+    assert padded.capacity == graph.cache.capacity - 1  # a free slot for the padding row at the end of the cache
+    context = [5, 9, 17, 33, 2, 8]
+    for engine in (padded, raw):
+        prefill(engine, context)
+    alone = padded.run([41]).logits.copy()
+    chain = raw.run([41, 7, 7]).logits.copy()
+    np.testing.assert_array_equal(alone[0], chain[0])  # bit for bit: what makes speculation exact
+    assert not np.array_equal(raw.run([41]).logits[0], chain[0])  # and what the padding fixes
+
+
+def test_per_tensor_activation_quantization_is_caught(tiny_bundle, tmp_path):
+    """ONNX Runtime's dynamic quantization scales activations per tensor: every row depends on the others."""
+    graph = read_manifest(tiny_bundle).target.graph
+    verdict = measure(OrtEngine(_dynamic_quantized(tiny_bundle, tmp_path), graph, threads=1))
+    assert not verdict["batch_invariant"] and verdict["max_width"] == 1 and 2 in verdict["failed_widths"]
+
+
+def _dynamic_quantized(bundle, tmp_path):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src = tmp_path / "fp32"
+    shutil.copytree(bundle / "target", src)
+    quantize_dynamic(
+        str(src / "model.onnx"),
+        str(tmp_path / "dyn.onnx"),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    return tmp_path / "dyn.onnx"
+
+
+def test_a_target_that_is_not_batch_invariant_refuses_speculation(tiny_bundle):
+    plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    failed = replace(plain.verdict, batch_invariant=False)
+    with pytest.raises(SpecdecError, match="not batch invariant.*'plain'.*--allow-inexact"):
+        Pipeline(plain.tokenizer, plain.target, None, "pld", verdict=failed)
+    pipe = Pipeline(plain.tokenizer, plain.target, None, "pld", verdict=failed, allow_inexact=True)
+    assert pipe.exactness.inexact and pipe.generate("the quick", max_new_tokens=4).token_ids
+
+
+def test_quantized_targets_take_chains_and_refuse_branching_trees(tiny_bundle):
+    plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    chains = replace(plain.verdict, tree_invariant=False)
+    target = replace(plain.target.graph, dtype="int4")
+    plain.target.graph = target
+    try:
+        assert Pipeline(plain.tokenizer, plain.target, None, "pld", verdict=chains).proposer.branches is False
+        with pytest.raises(SpecdecError, match="proposes token trees.*only chain-shaped proposals.*topk=1"):
+            Pipeline(plain.tokenizer, plain.target, None, "lookahead", verdict=chains)
+        inexact = Pipeline(plain.tokenizer, plain.target, None, "lookahead", verdict=chains, allow_inexact=True)
+        assert inexact.proposer.branches and inexact.exactness.inexact
+        auto = Pipeline(plain.tokenizer, plain.target, None, "auto", verdict=chains, cost_key=plain.cost_key)
+        assert not any(c.name == "lookahead" for c in auto.proposer.candidates)  # auto proposes chains only
+    finally:
+        plain.target.graph = replace(target, dtype="fp32")
+
+
+def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
+    plain = Pipeline.load(heads_bundle, method="plain", threads=1)
+    chains = replace(plain.verdict, tree_invariant=False)
+    graph = plain.target.graph
+    plain.target.graph = replace(graph, dtype="gguf")
+    try:
+        make = lambda **o: Pipeline(plain.tokenizer, plain.target, None, "pld-eagle", None, o, None, plain.heads,
+                                    verdict=chains)  # fmt: skip
+        with pytest.raises(SpecdecError, match="proposes token trees"):
+            make()  # the bundle's recorded topk 3
+        chain = make(topk=1, nodes=4, depth=4)
+        assert not chain.proposer.branches
+        assert chain.generate("the quick brown fox jumps", max_new_tokens=12).token_ids
+    finally:
+        plain.target.graph = graph
+
+
+# ---- key-count boundaries: a real graph whose passes round differently past a key count
+
+
+@pytest.fixture(scope="session")
+def wide_heads_bundle(tmp_path_factory):
+    """Attention heads 256 wide in the portable flavour (standard MatMuls): MLAS sums Q.K^T in one block of the
+    head size while a pass holds at most 128 keys here, and in blocks beyond: passes round differently there."""
+    from specdec_edge.export.exporter import export_bundle
+
+    model = make_model(tmp_path_factory.mktemp("models") / "wide-heads", "llama", layers=2, seed=0, hidden_size=256,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=256)  # fmt: skip
+    out = tmp_path_factory.mktemp("bundles") / "wide-heads"
+    return export_bundle(str(model), out, capacity=512, flavour="portable", progress=False)
+
+
+def test_boundaries_are_found_and_no_pass_straddles_them(wide_heads_bundle):
+    manifest = read_manifest(wide_heads_bundle)
+    verdict = recorded_verdict(manifest.target.graph)
+    bounds = verdict.details["boundaries"]
+    assert verdict.batch_invariant and bounds, verdict.details
+    b = bounds[0]
+    graph = manifest.target.graph
+    engine = OrtEngine(wide_heads_bundle / graph.path, graph, threads=1)
+    engine.min_width = 2
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, graph.vocab_size, b + 8).tolist()
+    past = b - 2 - 3  # the pass's rows sit at positions past .. past+5: plain decoding computes the first three
+    prefill(engine, context[:past])  # over fewer keys than b, the last three over b or more
+    wide = engine.run(context[past : past + 6]).logits.copy()
+    engine.commit(0)
+    plain = []
+    for j in range(6):  # plain decoding: one token per pass (padded to two)
+        plain.append(engine.run([context[past + j]]).logits[0].copy())
+        engine.commit(1)
+    straddled = [np.array_equal(wide[j], plain[j]) for j in range(6)]
+    assert not all(straddled)  # the straddling pass rounds some rows unlike plain decoding
+    engine.boundaries = tuple(bounds)
+    engine.rollback(past)
+    assert engine.max_rows() == 3  # so the decode loop cuts such a pass where the key count changes
+    cut = engine.run(context[past : past + 3]).logits.copy()
+    assert all(np.array_equal(cut[j], plain[j]) for j in range(3))
+
+
+def test_greedy_speculation_across_boundaries_equals_plain(wide_heads_bundle):
+    plain = Pipeline.load(wide_heads_bundle, method="plain", threads=1)
+    bounds = plain.verdict.details["boundaries"]
+    prompt = "The quick brown fox jumps over the lazy dog. " * 8  # lookup has something to propose
+    ids = plain.encode(prompt)
+    assert len(ids) < bounds[0] < len(ids) + 96
+    want = plain.generate(prompt, max_new_tokens=96).token_ids
+    for method in ("pld", "lookahead"):
+        pipe = plain.with_method(method, k=8)
+        assert pipe.generate(prompt, max_new_tokens=96).token_ids == want, method
+
+
+# ---- the verdict belongs to the device
+
+
+def _other_device(verdict: Verdict) -> Verdict:
+    return replace(verdict, device={**verdict.device, "cpu": "some other CPU", "isa": ["avx512f"]})
+
+
+def test_a_verdict_from_another_device_is_measured_again_and_cached(tiny_bundle):
+    graph = read_manifest(tiny_bundle).target.graph
+    recorded = _other_device(recorded_verdict(graph))
+    engine = OrtEngine(tiny_bundle / graph.path, graph, threads=1)
+    here = recorded_verdict(graph).device
+    lines = []
+    first = device_verdict(tiny_bundle, recorded, graph.path, engine, here, progress=lines.append)
+    assert len(lines) == 2 and "checking on" in lines[0] and "cached in" in lines[1]
+    assert first.device == here and first.batch_invariant
+    lines.clear()
+    again = device_verdict(tiny_bundle, recorded, graph.path, engine, here, progress=lines.append)
+    assert lines == [] and again == first  # reused
+    assert any(v["device"] == here for v in cached_verdicts(tiny_bundle))
+    from specdec_edge.runtime.verdicts import bundle_digest, verdict_path
+
+    path = verdict_path(bundle_digest(tiny_bundle), graph.path, here)
+    for damage in ("{", json.dumps({"format": 1, "bundle": "x"}), json.dumps([1])):
+        path.write_text(damage)
+        lines_path = []
+        measured = device_verdict(tiny_bundle, recorded, graph.path, engine, here, progress=lines_path.append)
+        assert replace(measured, details={}) == replace(first, details={})
+        assert len(lines_path) == 2  # a damaged cache file is measured again (and rewritten)
+    # the export machine's own verdict is used as recorded, nothing measured
+    lines.clear()
+    assert device_verdict(tiny_bundle, recorded_verdict(graph), graph.path, engine, here, progress=lines.append)
+    assert lines == []
+
+
+def test_a_device_whose_measurement_fails_refuses_speculation(tiny_bundle, tmp_path):
+    """A bundle verified on the export machine, run on a device where batched passes round differently (here:
+    a graph whose activations are quantized per tensor): measured there, speculation refused, plain runs."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, bundle)
+    dyn = _dynamic_quantized(tiny_bundle, tmp_path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    target = manifest["target"]["graph"]
+    shutil.copy(dyn, bundle / target["path"])
+    (bundle / "target" / "model.onnx.data").unlink(missing_ok=True)
+    target["verdict"]["device"] = {**target["verdict"]["device"], "cpu": "the export machine's CPU"}
+    from specdec_edge.bundle import file_table
+
+    manifest["files"] = file_table(bundle)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    pipe = Pipeline.load(bundle, threads=1)  # the default method
+    assert pipe.method == "plain" and not pipe.verdict.batch_invariant
+    with pytest.raises(SpecdecError, match="not batch invariant on .*--allow-inexact"):
+        Pipeline.load(bundle, method="pld", threads=1)
+    assert Pipeline.load(bundle, method="pld", threads=1, allow_inexact=True).exactness.inexact
+    assert to_verdict(measure(OrtEngine(dyn, read_manifest(bundle).target.graph, threads=1)), {}).max_width == 1
