@@ -20,8 +20,8 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import Verdict, decide, default_runs_plain, recorded_verdict, trees_allowed
 from specdec_edge.generation import EngineLease, Generation, closed_error
 from specdec_edge.runtime import Engine, open_engine
-from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
 from specdec_edge.runtime.device import device_identity
+from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.sampling import SamplingParams

@@ -16,12 +16,11 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes
-from specdec_edge.speculative.proposal import subset
 from specdec_edge.speculative.costs import WIDTHS, CostKey, CostModel, cost_path, load_costs
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.methods import Resources, auto_candidates
 from specdec_edge.speculative.predictors import NodeRates, prefix_order
-from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
 from tests.test_acceptance import CHI2_CRIT_DF7_P001
 from tests.test_methods import TEXTS, assert_greedy_equals_plain

@@ -154,8 +154,10 @@ def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
     graph = plain.target.graph
     plain.target.graph = replace(graph, dtype="gguf")
     try:
-        make = lambda **o: Pipeline(plain.tokenizer, plain.target, None, "pld-eagle", None, o, None, plain.heads,
-                                    verdict=chains)  # fmt: skip
+
+        def make(**o):
+            return Pipeline(plain.tokenizer, plain.target, None, "pld-eagle", None, o, None, plain.heads, verdict=chains)
+
         with pytest.raises(SpecdecError, match="proposes token trees"):
             make()  # the bundle's recorded topk 3
         chain = make(topk=1, nodes=4, depth=4)

@@ -12,9 +12,9 @@ from specdec_edge.errors import ExportError
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.export.gguf_blocks import blocks_from_raw
 from specdec_edge.export.graph import build_decoder, save
-from specdec_edge.runtime.verdicts import measure
 from specdec_edge.export.sources import load_model
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.verdicts import measure
 from specdec_edge.speculative.loop import prefill
 
 
