@@ -156,7 +156,8 @@ def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
     try:
 
         def make(**o):
-            return Pipeline(plain.tokenizer, plain.target, None, "pld-eagle", None, o, None, plain.heads, verdict=chains)
+            heads = plain.heads
+            return Pipeline(plain.tokenizer, plain.target, None, "pld-eagle", None, o, None, heads, verdict=chains)
 
         with pytest.raises(SpecdecError, match="proposes token trees"):
             make()  # the bundle's recorded topk 3
