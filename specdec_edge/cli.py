@@ -298,6 +298,8 @@ def info(bundle, as_json):
       specdec-edge info bundles/smollm2 --json
     """
     from specdec_edge.bundle import check_hashes, manifest_summary, read_manifest
+    from specdec_edge.exactness import Verdict, describe, recorded_verdict
+    from specdec_edge.runtime.verdicts import cached_verdicts
     from specdec_edge.speculative.costs import costs_of_bundle
 
     manifest = read_manifest(bundle)
@@ -306,6 +308,10 @@ def info(bundle, as_json):
     summary["methods"] = available_methods(manifest.draft is not None, manifest.heads or {})
     costs = costs_of_bundle(bundle)
     summary["step_costs"] = [c.to_json() for c in costs]
+    summary["verdicts"] = [{**recorded_verdict(manifest.target.graph).to_json(), "measured": "at export"}]
+    summary["verdicts"] += [
+        {**v, "measured": "on first use"} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
+    ]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -329,17 +335,14 @@ def info(bundle, as_json):
             f"    validation vs PyTorch: max rel err {_number(v.get('max_rel_err'), '.2e')} "
             f"(tolerance {v.get('tolerance')}), top-1 agreement {_number(v.get('top1_agreement'), '.0%')}"
         )
-        measured = "batch_invariance" in v  # bundles of earlier versions only assumed it from the dtype
-        if m["batch_invariant"]:
-            width = f"; one-row passes padded to {m['min_pass_width']}" if m["min_pass_width"] > 1 else ""
-            trees = "" if m["tree_invariant"] else (
-                ", trees to float rounding (near-ties logged)" if m["dtype"] in ("fp32", "fp16")
-                else "; token trees round differently, so tree methods need --allow-inexact (chains stay exact)"
-            )  # fmt: skip
-            click.echo(f"    batch invariant ({'measured at export' if measured else 'assumed'}{width}): chains are "
-                       f"verified bit for bit{trees}")  # fmt: skip
-        else:
-            click.echo("    NOT batch invariant: speculation needs --allow-inexact and may change the output")
+        if role == "target":
+            for verdict in summary["verdicts"]:
+                bounds = verdict["details"].get("boundaries") or []
+                where = verdict["device"].get("name", "?") + f" ({verdict['device'].get('provider', '?')}, threads "
+                where += f"{verdict['device'].get('threads', '?')}, {verdict['measured']})"
+                click.echo(f"    exactness on {where}: {describe(Verdict.from_json(verdict), m['dtype'])}")
+                if bounds:
+                    click.echo(f"      passes never straddle key counts {bounds} (the kernels round differently there)")
     for method, h in summary["heads"].items():
         tree = ", ".join(f"{k} {v}" for k, v in h["tree"].items()) or "proposer defaults"
         tokens = f"{h['training_tokens']:,}" if isinstance(h["training_tokens"], int) else "?"

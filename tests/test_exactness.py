@@ -279,3 +279,21 @@ def test_a_device_whose_measurement_fails_refuses_speculation(tiny_bundle, tmp_p
         Pipeline.load(bundle, method="pld", threads=1)
     assert Pipeline.load(bundle, method="pld", threads=1, allow_inexact=True).exactness.inexact
     assert to_verdict(measure(OrtEngine(dyn, read_manifest(bundle).target.graph, threads=1)), {}).max_width == 1
+
+
+def test_info_lists_the_verdict_of_every_device(tiny_bundle):
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+
+    graph = read_manifest(tiny_bundle).target.graph
+    here = {**recorded_verdict(graph).device, "cpu": "a laptop CPU", "name": "a laptop CPU"}
+    engine = OrtEngine(tiny_bundle / graph.path, graph, threads=1)
+    device_verdict(tiny_bundle, recorded_verdict(graph), graph.path, engine, here, progress=lambda line: None)
+    shown = CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"])
+    verdicts = json.loads(shown.output)["verdicts"]
+    assert [v["measured"] for v in verdicts][:1] == ["at export"] and "a laptop CPU" in [
+        v["device"]["name"] for v in verdicts
+    ]
+    text = CliRunner().invoke(main, ["info", str(tiny_bundle)]).output
+    assert "exactness on a laptop CPU (cpu, threads" in text and "chains are verified bit for bit" in text

@@ -397,3 +397,27 @@ def test_shipped_heads_are_small_fp16_and_load(method):
     shape = (cfg["vocab_size"], cfg["hidden_size"])
     head = load_heads(folder, np.zeros(shape, np.float32), np.zeros(shape, np.float32))
     assert head.target.lm_head_t.shape == (cfg["hidden_size"], cfg["draft_vocab"])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_add_heads_to_a_quantized_bundle_works_like_exporting_with_them(tmp_path, tiny_llama_dir, trained, dtype):
+    """Heads added to an existing quantized bundle read the weights its graph computes, and are recorded as the
+    exactness policy allows on it (as `export --heads` records them); eagle and pld-eagle then run greedy-identical
+    to plain without allow_inexact."""
+    from specdec_edge.exactness import head_trees, recorded_verdict
+    from specdec_edge.export.exporter import export_bundle
+    from specdec_edge.export.head_export import add_heads, target_weights
+    from tests.test_methods import assert_greedy_equals_plain
+
+    base = export_bundle(str(tiny_llama_dir), tmp_path / dtype, dtype=dtype, capacity=256, hidden_states=True,
+                         progress=False)  # fmt: skip
+    embed, head = target_weights(base)
+    float_embed, _ = target_weights(trained / "target-bundle")
+    assert embed.shape == float_embed.shape and np.abs(embed - float_embed).max() < 0.05 * np.abs(float_embed).max()
+    out = add_heads(base, [trained / "eagle"], tmp_path / "with-eagle")
+    graph = read_manifest(out).target.graph
+    tree = read_manifest(out).heads["eagle"]["tree"]
+    assert (tree.get("topk", 1) > 1) == head_trees(recorded_verdict(graph), dtype)
+    plain = Pipeline.load(out, method="plain", threads=1)
+    for method in ("eagle", "pld-eagle"):
+        assert_greedy_equals_plain(plain, plain.with_method(method))

@@ -25,6 +25,7 @@ from torch import nn
 
 from specdec_edge.bundle import StagingDir, read_manifest
 from specdec_edge.errors import ExportError
+from specdec_edge.exactness import head_trees, recorded_verdict
 from specdec_edge.export.head_onnx import TOP_K
 from specdec_edge.export.head_recipes import HeadRecipe, recipe_for
 from specdec_edge.export.heads_folder import load_heads
@@ -219,12 +220,9 @@ def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
 
     manifest = read_manifest(bundle)
     graph = manifest.target.graph
-    if graph.dtype not in ("fp32", "fp16"):
-        raise ExportError(
-            f"bundle {bundle} has {graph.dtype} weights; heads need an fp32 or fp16 target bundle "
-            "(export one with --dtype fp32 --hidden-states)."
-        )
     path = Path(bundle) / graph.path
+    if graph.dtype not in ("fp32", "fp16"):
+        return quantized_target_weights(path, graph)
     model = onnx.load(str(path), load_external_data=False)  # read only the two tensors needed
     found = {i.name: i for i in model.graph.initializer if i.name in ("model.embed_tokens.weight", "lm_head.weight.T")}
     for tensor in found.values():
@@ -235,6 +233,69 @@ def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
         return embed, embed
     head = numpy_helper.to_array(found["lm_head.weight.T"]).astype(np.float32).T  # [V, H]
     return embed, np.ascontiguousarray(head)
+
+
+def quantized_target_weights(path: Path, graph) -> tuple[np.ndarray, np.ndarray]:
+    """The embedding [V, H] and LM head [V, H] of a quantized target graph, as the graph computes them: its
+    embedding part run over every token id, its LM head over the identity (ONNX Runtime on parts of the graph)."""
+    import onnx
+    import onnxruntime as ort
+
+    if graph.flavour != "ort":
+        raise ExportError(f"heads on a quantized {graph.flavour!r} bundle: export the target with --heads instead.")
+    model = onnx.load(str(path))
+    nodes = list(model.graph.node)
+    producer = {out: n for n in nodes for out in n.output}
+    # The residual stream entering layer 0 (the scaled embedding) is the skip input of the graph's first
+    # add-and-norm (layer 0's residual after attention).
+    entering = next(n.input[1] for n in nodes if n.op_type == "SkipSimplifiedLayerNormalization")
+    scale = producer.get(entering)
+    constants = {i.name for i in model.graph.initializer} | {n.output[0] for n in nodes if n.op_type == "Constant"}
+    scaled = scale is not None and scale.op_type == "Mul" and scale.input[1] in constants
+    rows = scale.input[0] if scaled else entering  # the table's rows, before Gemma's sqrt(H) scale
+    # The LM head reads the final norm's rows kept by the logits_to_keep Slice.
+    kept = next(n.output[0] for n in nodes if n.op_type == "Slice" and producer.get(n.input[1]) is not None
+                and producer[n.input[1]].op_type == "Neg")  # fmt: skip
+    from specdec_edge.runtime.threads import app_session_options
+
+    options = app_session_options()
+    options.log_severity_level = 3
+
+    def run(inputs, output, feed):
+        session = ort.InferenceSession(
+            _part(model, inputs, output).SerializeToString(), options, ["CPUExecutionProvider"]
+        )
+        return session.run(None, feed)[0]
+
+    ids = np.arange(graph.vocab_size, dtype=np.int64)
+    embed = np.concatenate([run(["input_ids"], rows, {"input_ids": ids[None, i : i + 4096]})[0]
+                            for i in range(0, len(ids), 4096)])  # fmt: skip
+    eye = np.eye(graph.hidden_size, dtype=np.float32)[None]
+    head = run([kept], "logits", {kept: eye})[0].T  # logits of the unit vectors: the head's columns
+    return embed.astype(np.float32), np.ascontiguousarray(head, dtype=np.float32)
+
+
+def _part(model, inputs: list[str], output: str):
+    """The part of ``model`` that computes ``output`` from ``inputs`` (and its initializers), as a model."""
+    from onnx import TensorProto, helper
+
+    need, keep = {output}, []
+    for node in reversed(model.graph.node):
+        if any(o in need for o in node.output):
+            keep.append(node)
+            need |= {i for i in node.input if i and i not in inputs}
+    initializers = [i for i in model.graph.initializer if i.name in need]
+    declared = {v.name: v for v in model.graph.input}
+    graph = helper.make_graph(
+        keep[::-1],
+        "part",
+        [declared.get(name) or helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in inputs],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+        initializers,
+    )
+    part = helper.make_model(graph, opset_imports=model.opset_import)
+    part.ir_version = model.ir_version
+    return part
 
 
 def target_final_norm(bundle: Path) -> np.ndarray | None:
@@ -284,7 +345,7 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
             shutil.copy2(bundle / rel, dest)
         data = manifest.to_json()
         data.pop("files")
-        data["heads"] = export_heads(
-            heads_dirs, embed, lm_head, staging.path, default, target_graph=manifest.target.graph.path
-        )
+        graph = manifest.target.graph
+        chains = not head_trees(recorded_verdict(graph), graph.dtype)  # as `export --heads` records them
+        data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, default, chains, graph.path)
         return staging.commit(data)
