@@ -47,7 +47,7 @@ VERDICT_FORMAT = 1  # bumped when what is measured changes: cached verdicts of o
 CHAIN_WIDTHS = (1, 2, 3, 4, 5, 8, 12, 16, 32, 64)  # the widest is what a verify pass may have (MAX_VERIFY)
 CONTEXTS = (7, 40)
 CANDIDATES = (16, 32, 64, 128, 256, 512, 1024)  # key counts where kernels may change their blocking
-NEAR_WIDTHS = (3, 8, 32)  # the widths checked across the candidates and boundaries
+NEAR_WIDTHS = (3, 8, 16)  # the widths checked across the candidates and boundaries
 FULL_SWEEP = 320  # every key count up to this is swept (kernels block by 16..128 there)
 MAX_BOUNDARIES = 16  # more than this is no blocking pattern: such a graph is not batch invariant
 SPAN = 24  # one sweep covers the key counts q+2 .. q+SPAN+1 after q slots
@@ -58,25 +58,42 @@ TREE = [-1, 0, 0, 0, 1, 1]
 class _Probe:
     """One engine under measurement, its cache holding a random context."""
 
-    def __init__(self, engine: Engine, seed: int):
+    def __init__(self, engine: Engine, seed: int, longest: int = 0):
         self.engine = engine
         self.rng = np.random.default_rng(seed)
         self.vocab = engine.vocab_size
         self.rows = 0
+        self.longest = longest  # the longest context any check needs (prefilled once where the cache is host memory)
+        self.context: np.ndarray | None = None
+        self._snapshot: np.ndarray | None = None
+        self._filled = 0
 
     def tokens(self, n: int) -> np.ndarray:
         return self.rng.integers(0, self.vocab, n)
 
     def fill(self, length: int) -> np.ndarray:
-        """Prefill ``length`` random tokens (chunked, committed) and return them."""
-        context = self.tokens(length)
+        """Commit ``length`` tokens of one random context (the same context every call) and return them.
+
+        Prefilled once, in chunks; where the engine's cache is host memory a copy of it is restored on later
+        calls (the passes in between overwrote slots after their contexts), else the context is prefilled anew."""
         engine = self.engine
+        if self._snapshot is not None and length <= self._filled:
+            engine.cache[...] = self._snapshot
+        else:
+            upto = min(max(length, self.longest), engine.capacity - 1) if _host_cache(engine) else length
+            if self.context is None or len(self.context) < upto:
+                self.context = self.rng.integers(0, self.vocab, upto)
+            engine.reset()
+            for start in range(0, upto, 256):
+                piece = self.context[start : min(start + 256, upto)]
+                engine.run(piece, logits_to_keep=1)
+                engine.commit(len(piece))
+            self._filled = upto
+            if _host_cache(engine):
+                self._snapshot = engine.cache.copy()
         engine.reset()
-        for start in range(0, length, 256):
-            piece = context[start : start + 256]
-            engine.run(piece, logits_to_keep=1)
-            engine.commit(len(piece))
-        return context
+        engine.commit(length)
+        return self.context[:length]
 
     def run(self, past: int, tokens, positions=None, bias=None) -> np.ndarray:
         """Logits [S, V] of one uncommitted pass after ``past`` slots (a copy); the length stays at ``past``."""
@@ -127,16 +144,19 @@ def _random_tree(rng: np.random.Generator, nodes: int) -> list[int]:
     return [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
 
 
+def _host_cache(engine: Engine) -> bool:
+    return isinstance(getattr(engine, "cache", None), np.ndarray)
+
+
 def _row_signature(probe: _Probe, past: int, tokens: np.ndarray) -> np.ndarray:
     """What one pass computes for its first row: its K/V in every layer after the first where the engine's cache
     is host memory (cheap: no LM head over every row; every layer's attention shows in the next layer's K/V),
     else its logits row."""
     engine = probe.engine
-    cache = getattr(engine, "cache", None)
-    if isinstance(cache, np.ndarray):
+    if _host_cache(engine):
         engine.rollback(past)
         engine.run(tokens, logits_to_keep=1)
-        return cache[1:, :, :, :, past, :].copy()
+        return engine.cache[1:, :, :, :, past, :].copy()
     return probe.run(past, tokens)[0]
 
 
@@ -193,7 +213,7 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
     ``batch_invariant``, ``min_pass_width``, ``tree_invariant``, ``max_width``, ``boundaries`` and what was
     compared. The engine is left with the measured padding and boundaries applied, its cache empty."""
     start = time.perf_counter()
-    probe = _Probe(engine, seed)
+    probe = _Probe(engine, seed, longest=max(CONTEXTS + tuple(c + SPAN for c in candidates)))
     engine.min_width, engine.boundaries, engine.max_width = 1, (), None
     widths = [w for w in widths if max(CONTEXTS) + w <= engine.capacity]
     fits = lambda n, ws: n >= 2 and n + max(ws) <= engine.capacity  # noqa: E731
