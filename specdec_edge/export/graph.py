@@ -182,7 +182,7 @@ class DecoderGraph:
         b, cfg = self.b, self.cfg
         if self.wdt == np.float16:
             logits = b.op("Cast", logits, to=TensorProto.FLOAT)
-            x = b.op("Cast", x, to=TensorProto.FLOAT)  # emitted without hidden_states too (ONNX Runtime drops it)
+            x = b.op("Cast", x, to=TensorProto.FLOAT)  # unused without hidden_states (kept: the fp16 graphs' bytes)
         self._output(logits, "logits", ["batch", "kept", cfg.vocab_size])
         b.outputs += [
             helper.make_tensor_value_info(f"present.{i}.{kind}", self.elem, self.cache_shape)
