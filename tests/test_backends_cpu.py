@@ -462,6 +462,23 @@ def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bu
         assert engine.fixed_passes == engine.passes > 0
 
 
+def test_fixed_shape_pipeline_runs_eagle3_heads_exactly(eagle3_bundle):
+    """EAGLE-3 heads read the target's layer features: the fixed-shape pass (what CUDA graphs replay) returns them
+    too, so eagle3 and pld-eagle3 through it equal plain CPU decoding."""
+    graph = read_manifest(eagle3_bundle).target.graph
+    assert graph.feature_layers
+    engine = OrtGpuEngine(
+        eagle3_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=16, fixed_shape=True
+    )
+    ref = Pipeline.load(eagle3_bundle, method="plain", threads=1)
+    for method in ("eagle3", "pld-eagle3"):
+        pipe = Pipeline(ref.tokenizer, engine, None, method, 4, heads=ref.heads)
+        for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
+            result = pipe.generate(prompt, max_new_tokens=24)
+            assert result.token_ids == ref.generate(prompt, max_new_tokens=24).token_ids, (method, prompt)
+    assert engine.fixed_passes == engine.passes > 0
+
+
 def test_fixed_shape_and_cuda_graph_are_refused_with_the_fix(tiny_bundle, portable_bundle):
     import dataclasses
 

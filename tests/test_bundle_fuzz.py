@@ -160,7 +160,7 @@ def test_damaged_files_with_a_matching_manifest_fail_clearly(pristine, tmp_path,
         error = attempt(bundle)
         if error is not None:
             errors += 1
-            assert Path(rel).name in error and "verify" in error or "re-export" in error, f"{rel} {what}: {error}"
+            assert Path(rel).name in error and ("verify" in error or "re-export" in error), f"{rel} {what}: {error}"
     assert errors >= 2  # truncated protobufs and JSON cannot load
 
 

@@ -129,7 +129,15 @@ def test_every_head_recipe_trains_exports_and_validates(tmp_path, tiny_llama_dir
     assert tuple(o.name for o in graph.output) == recipe.outputs
 
 
-def test_manifest_records_heads(heads_bundle):
+def depths(parents) -> list[int]:
+    """Each tree node's depth (1 = a child of the last context token), from its parent array."""
+    out = []
+    for p in parents:
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+def test_manifest_records_heads(heads_bundle, plain):
     heads = read_manifest(heads_bundle).heads
     assert heads["default"] == "pld-eagle"
     assert read_manifest(heads_bundle).target.graph.has_hidden_states
@@ -139,7 +147,20 @@ def test_manifest_records_heads(heads_bundle):
         assert s["validation"]["topk_ids_agreement"] == 1.0
         assert s["training"]["prompts"] == 8 and s["config"]["draft_vocab"] == 200
         assert (heads_bundle / s["graph"]).is_file()
-        assert s["tree"] == RECIPES[method].tree
+    # The recorded tree settings are the trees the heads draft: EAGLE's ``nodes`` tokens, at most ``topk``
+    # children each, within ``depth`` levels; one Medusa token per recorded path, at its path's depth.
+    drafted = {}
+    for method in ("eagle", "medusa"):
+        pipe = plain.with_method(method)
+        prompt = pipe.encode("the quick brown fox jumps over")
+        prefill(pipe.engine, prompt[:-1])
+        pipe.proposer.prefill(prompt, None, None)
+        drafted[method] = pipe.proposer.propose(prompt, 4)
+    tree, eagle = heads["eagle"]["tree"], drafted["eagle"]
+    assert len(eagle.tokens) == tree["nodes"] and max(depths(eagle.parents)) <= tree["depth"]
+    assert max(np.unique(eagle.parents, return_counts=True)[1]) <= tree["topk"]
+    paths = heads["medusa"]["tree"]["tree"]
+    assert sorted(depths(drafted["medusa"].parents)) == sorted(len(p) for p in paths)
 
 
 def test_pipeline_uses_the_recorded_tree_settings_unless_told_otherwise(plain):

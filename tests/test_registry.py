@@ -69,15 +69,24 @@ def test_records_are_consistent():
     ]
     for m in METHODS.values():
         assert set(m.needs) <= {"draft", *HEAD_METHODS}, m.name
-        assert m.reads_features == any(n in HEAD_METHODS for n in m.needs)
         names = [o.name for o in m.options]
         assert len(names) == len(set(names)), m.name
         for o in m.options:  # every default is valid for its own option
             assert o.default is None or o.parse(m.name, o.default) == o.default, (m.name, o.name)
-        proposer_options, rule_options = m.check_options({})
-        assert isinstance(m.acceptance(rule_options), m.rule)
+    # The methods whose proposers read the target's features (trained heads), and auto where a bundle has heads.
+    feature_readers = ["eagle", "medusa", "medusa-typical", "pld-eagle", "eagle3", "pld-eagle3"]
+    assert [m.name for m in METHODS.values() if m.reads_features] == feature_readers
+    assert METHODS["auto"].taps_features(["eagle"]) and not METHODS["auto"].taps_features([])
+    assert not METHODS["pld"].taps_features(["eagle", "medusa"])
+    # Options split into the proposer's and the rule's, defaults filled in; the tree settings default to the bundle's.
+    assert METHODS["pld-eagle"].check_options({"topk": 2}) == ({"max_ngram": 3, "min_ngram": 2, "topk": 2}, {})
+    assert METHODS["eagle"].check_options({}) == ({}, {})
+    typical = METHODS["medusa-typical"]
+    proposer_options, rule_options = typical.check_options({"delta": 0.5})
+    rule = typical.acceptance(rule_options)
+    assert proposer_options == {} and isinstance(rule, TypicalAcceptance) and (rule.epsilon, rule.delta) == (0.09, 0.5)
+    assert isinstance(METHODS["pld"].acceptance(METHODS["pld"].check_options({})[1]), ExactAcceptance)
     assert [m.name for m in METHODS.values() if m.lossy] == ["medusa-typical"]
-    assert METHODS["medusa-typical"].rule is TypicalAcceptance and METHODS["pld"].rule is ExactAcceptance
     assert [m.name for m in METHODS.values() if not m.speculative] == ["plain"]
 
 
@@ -94,7 +103,10 @@ def test_requirements_and_defaults():
     ]
     assert "has no draft model" in METHODS["draft"].missing(False, [])
     assert "train-draft --method medusa" in METHODS["medusa-typical"].missing(True, ["eagle"])
-    assert default_method(True, None) == default_method(False, {"eagle": {}, "default": "eagle"}) == "auto"
+    # What a bundle runs when no method is asked for: one it can run, exactly; a recorded default wins.
+    for has_draft, heads in ((False, {}), (True, {}), (False, {"eagle": {}, "default": "pld-eagle"}), (False, None)):
+        method = default_method(has_draft, heads)
+        assert method in available_methods(has_draft, heads or {}) and not METHODS[method].lossy, (has_draft, heads)
     assert default_method(False, {}, recorded="pld") == "pld"  # export --default-method
     assert default_head_method(["eagle", "medusa"]) == "pld-eagle" and default_head_method(["medusa"]) == "medusa"
     assert default_head_method(["eagle"], "eagle") == "eagle"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.generation import LEASE_S
+from specdec_edge.generation import LEASE_S, POLL_S
 from specdec_edge.runtime.threads import OWN_SESSIONS
 
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Summarize the following article")
@@ -76,26 +76,52 @@ def test_cancel_then_generate_and_generate_from_another_thread(pipe, expected):
     assert list(held) and held.result.token_ids == expected[PROMPTS[2]] and held.result.stats.resumes == 1
 
 
-def test_cancel_frees_the_engines_at_once_and_reaches_a_waiting_reader(pipe):
+def test_cancel_frees_the_engines_at_once_and_reaches_a_waiting_reader(pipe, monkeypatch):
     stream = pipe.stream(PROMPTS[0], max_new_tokens=40)
     next(stream)
     other = pipe.stream(PROMPTS[1], max_new_tokens=40)
     threading.Thread(target=stream.cancel).start()
     assert within(30, next, other)  # gets the engines after the cancel, well within the suite's patience
-    # A reader waiting for the engines while a generate holds them sees a cancel within a poll interval.
-    done = threading.Event()
-    slow = pipe.stream(PROMPTS[2], max_new_tokens=40)
+    other.close()
+    # A reader waiting for the engines while a generate holds them sees a cancel within a poll interval. The
+    # generate's first target pass waits for ``release``, so the engines are held for as long as the test says.
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+    run = pipe.engine.run
+
+    def held_run(*args, **kwargs):
+        if threading.current_thread() is generating and not held.is_set():
+            held.set()
+            assert release.wait(60)
+        return run(*args, **kwargs)
 
     def long_generate():
         pipe.generate(PROMPTS[2] * 3, max_new_tokens=120)
         done.set()
 
-    threading.Thread(target=long_generate, daemon=True).start()
-    time.sleep(0.05)
+    monkeypatch.setattr(pipe.engine, "run", held_run)
+    slow = pipe.stream(PROMPTS[2], max_new_tokens=40)
+    generating = threading.Thread(target=long_generate, daemon=True)
+    generating.start()
+    assert held.wait(30)  # the generate is inside a step: the engines are in use
+    pieces, errors = [], []
+
+    def read():
+        try:
+            pieces.extend(slow)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(4 * POLL_S)  # time to start waiting; it cannot get the engines while the step holds them
+    assert reader.is_alive() and not pieces, "a reader ran a step while another call's step held the engines"
     slow.cancel()
-    assert within(30, list, slow) == [] and slow.result.finish_reason == "cancelled"
+    reader.join(30)
+    assert not reader.is_alive() and not errors, errors
+    assert pieces == [] and slow.result.finish_reason == "cancelled"
+    assert not done.is_set()  # the cancel reached the reader while the engines were still held
+    release.set()
     assert done.wait(60)
-    other.close()
 
 
 def test_interleaved_streams_in_one_thread_give_the_same_tokens(pipe, expected):

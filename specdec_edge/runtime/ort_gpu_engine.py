@@ -4,7 +4,7 @@ The whole cache is one device allocation (an OrtValue) shaped
 ``[slabs, layers, 2, 1, kv_heads, capacity, head_dim]``; each layer's key and value is bound
 to the session through IOBinding by raw device pointer, once, for input and output. Per step
 only token ids, position ids and the attention bias go to the device, and only the kept logits
-(and hidden states, if the graph has them) come back, into reused host buffers.
+(and hidden states and layer features, if the graph has them) come back, into reused host buffers.
 
 * CUDA EP: one slab, bound as ``past_*`` *and* ``present_*``: ONNX Runtime's in-place cache
   (GroupQueryAttention share-buffer mode, or ScatterElements skipping its copy when input and
@@ -245,8 +245,12 @@ class OrtGpuEngine(Engine):
         self.passes += 1
         if self._fixed is not None and seq <= self.pad_to <= self.capacity - self.length:
             self.fixed_passes += 1
-            logits, hidden = self._fixed.run(pad_step(step, self.pad_to, self.length))
-            return StepOutput(logits[seq - keep : seq], None if hidden is None else hidden[:seq])
+            logits, hidden, layers = self._fixed.run(pad_step(step, self.pad_to, self.length))
+            return StepOutput(
+                logits[seq - keep : seq],
+                None if hidden is None else hidden[:seq],
+                None if layers is None else layers[:seq],
+            )
         width = max(self.pad_to, self.min_width)  # the device verdict's padding, where pad_to is off
         if seq < width <= self.capacity - self.length:
             step = pad_step(step, width, self.length)
@@ -298,8 +302,9 @@ def check_fixed_shape(graph: GraphSpec, provider: str, cuda_graph: bool, fixed: 
 
 class _FixedPass:
     """The one fixed-shape pass of an engine: [1, W] ids and positions, a [1, 1, W, capacity] bias and all W
-    logits rows (W = ``pad_to``), in buffers on the engine's device that are bound once, so that a captured CUDA
-    graph finds them at the same addresses every step; each pass copies new values into them."""
+    logits rows (W = ``pad_to``), hidden states and layer features if the graph has them, in buffers on the
+    engine's device that are bound once, so that a captured CUDA graph finds them at the same addresses every
+    step; each pass copies new values into them."""
 
     def __init__(self, engine: OrtGpuEngine):
         width, graph, device = engine.pad_to, engine.graph, engine.device
@@ -318,6 +323,10 @@ class _FixedPass:
         self.outputs = {"logits": buffer((1, width, graph.vocab_size), np.float32)}
         if graph.has_hidden_states:
             self.outputs["hidden_states"] = buffer((1, width, graph.hidden_size), np.float32)
+        if graph.feature_layers:  # EAGLE-3 heads read them
+            self.outputs["layer_features"] = buffer(
+                (1, width, len(graph.feature_layers) * graph.hidden_size), np.float32
+            )
         self.bias = np.empty((1, 1, width, engine.capacity), np.float32)  # host side, refilled each pass
         self.binding = engine._bind_cache(0, 0)  # in place: one slab
         for name, value in self.inputs.items():
@@ -328,7 +337,8 @@ class _FixedPass:
             self.binding.bind_ortvalue_output(name, value)
 
     def run(self, step) -> tuple:
-        """Run one padded pass (``step`` has W rows); returns logits [W, V] and hidden states [W, H] or None."""
+        """Run one padded pass (``step`` has W rows); returns logits [W, V], hidden states [W, H] and layer
+        features [W, n*H], each of the last two None where the graph lacks it."""
         engine = self.engine
         step = widen_bias(step, engine.capacity, out=self.bias)
         self.inputs["input_ids"].update_inplace(step.ids)
@@ -336,5 +346,8 @@ class _FixedPass:
         self.inputs["attention_bias"].update_inplace(step.bias)
         engine.session.run_with_iobinding(self.binding, engine._graph_id)
         logits = self.outputs["logits"].numpy()[0]
-        hidden = self.outputs["hidden_states"].numpy()[0] if "hidden_states" in self.outputs else None
-        return logits, hidden
+        hidden, layers = (
+            self.outputs[name].numpy()[0] if name in self.outputs else None
+            for name in ("hidden_states", "layer_features")
+        )
+        return logits, hidden, layers
