@@ -103,6 +103,7 @@ def serve(
             err=True,
         )
     click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{port}/v1 (Ctrl-C stops).")
+    click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
     run(
         pipe,
         host=host,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specdec_edge.bundle import check_hashes, read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.exactness import Verdict, decide, default_runs_plain, recorded_verdict, trees_allowed
+from specdec_edge.exactness import Verdict, decide, default_runs_plain, describe, recorded_verdict, trees_allowed
 from specdec_edge.generation import EngineLease, Generation, closed_error
 from specdec_edge.runtime import Engine, open_engine
 from specdec_edge.runtime.device import device_identity
@@ -209,6 +209,11 @@ class Pipeline:
             self.cost_key,
             self.verdict,
         )
+
+    def describe_exactness(self) -> str:
+        """One line: what this device's exactness verdict lets run, and whether this method runs inexactly."""
+        line = describe(self.verdict, self.target.graph.dtype)
+        return line + (f"; {self.method}: {self.exactness.note}" if self.exactness.note else "")
 
     @property
     def closed(self) -> bool:
