@@ -275,3 +275,51 @@ def test_auto_seeded_sampling_is_reproducible(heads_bundle):
         auto.generate(prompt, max_new_tokens=30)  # greedy calls teach the models and move the measured costs
     b = auto.generate(TEXTS[0], **sampled)
     assert a.token_ids == b.token_ids and a.stats.accepted > 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: {**d, "seconds": [[0.0] * len(d["widths"]) for _ in d["contexts"]]},  # all times 0
+        lambda d: {**d, "seconds": [row[:-1] for row in d["seconds"]]},  # rows of the wrong length
+        lambda d: {**d, "seconds": [["fast"] * len(d["widths"]) for _ in d["contexts"]]},  # strings for numbers
+        lambda d: {**d, "proposers": ["pld"]},  # a wrong type for proposers
+        lambda d: {**d, "widths": "1,2,3"},
+        lambda d: [d],
+    ],
+)
+def test_a_damaged_cost_file_is_measured_again(tmp_path, monkeypatch, tiny_bundle, damage):
+    import json
+
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    first = Pipeline.load(tiny_bundle, method="auto", threads=1)
+    [path] = (tmp_path / "costs").glob("*.json")
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    lines = []
+    monkeypatch.setattr("specdec_edge.speculative.costs.sys.stderr", _Lines(lines))
+    again = Pipeline.load(tiny_bundle, method="auto", threads=1)
+    assert sum("measuring" in line for line in lines) == 1  # measured again, and the file rewritten
+    assert again.generate("the quick brown fox", max_new_tokens=8).token_ids
+    assert CostModel.from_json(json.loads(path.read_text())).seconds[0][0] > 0
+    assert first.proposer.costs.widths == again.proposer.costs.widths
+
+
+def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, monkeypatch, tiny_bundle):
+    """A read-only cache (HOME read-only in a container, ProtectHome=yes) or a directory where the file goes: auto
+    measures, warns once, and runs."""
+    cache = tmp_path / "cache"
+    (cache / "costs").mkdir(parents=True)
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(cache))
+    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "draft", "lookahead"))
+    cost_path(key).mkdir()  # a directory at the file's path
+    lines = []
+    monkeypatch.setattr("specdec_edge.speculative.costs.sys.stderr", _Lines(lines))
+    pipe = Pipeline.load(tiny_bundle, method="auto", threads=1)
+    assert pipe.generate("the quick brown fox", max_new_tokens=8).token_ids
+    assert any("warning: cannot write" in line for line in lines)
+    cost_path(key).rmdir()
+    (cache / "costs").chmod(0o500)  # read-only (root ignores modes: then the directory trick above is the test)
+    try:
+        assert Pipeline.load(tiny_bundle, method="auto", threads=1).generate("the quick", max_new_tokens=4).token_ids
+    finally:
+        (cache / "costs").chmod(0o700)

@@ -105,7 +105,38 @@ class CostModel:
 
     @classmethod
     def from_json(cls, data: dict) -> CostModel:
-        return cls(**{k: data[k] for k in ("widths", "contexts", "seconds", "proposers", "key", "measured_s")})
+        """A cost model from its JSON form; ``ValueError`` names what is malformed (wrong types or lengths, a
+        time that is not a positive finite number)."""
+        if not isinstance(data, dict):
+            raise ValueError("step costs are a JSON object")
+        model = cls(**{k: data[k] for k in ("widths", "contexts", "seconds", "proposers", "key", "measured_s")})
+        if not (
+            _positive_ints(model.widths) and _positive_ints(model.contexts) and model.widths == sorted(model.widths)
+        ):
+            raise ValueError("step costs: widths and contexts must be positive integers")
+        rows = model.seconds
+        if not (isinstance(rows, list) and len(rows) == len(model.contexts)):
+            raise ValueError("step costs: one row of seconds per context")
+        if not all(isinstance(r, list) and len(r) == len(model.widths) and all(map(_seconds, r)) for r in rows):
+            raise ValueError("step costs: every row needs a positive time per width")
+        if not (isinstance(model.proposers, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e4
+            for k, v in model.proposers.items()
+        )):  # fmt: skip
+            raise ValueError("step costs: proposers must map names to seconds")
+        if not isinstance(model.key, dict):
+            raise ValueError("step costs: key must be an object")
+        return model
+
+
+def _positive_ints(xs) -> bool:
+    return (
+        isinstance(xs, list) and bool(xs) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xs)
+    )
+
+
+def _seconds(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e4
 
 
 def measure_verify(engine: Engine, widths=WIDTHS, contexts=CONTEXTS, repeats: int = REPEATS, tick=None):
@@ -168,8 +199,8 @@ def load_costs(key: CostKey) -> CostModel | None:
     """The cached costs for ``key``, or None (never measured, or an unreadable file)."""
     try:
         model = CostModel.from_json(json.loads(cost_path(key).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None  # absent or damaged: measured again (and the file rewritten)
     return model if model.key == json.loads(json.dumps(asdict(key))) else None  # tuples come back as lists
 
 
@@ -180,20 +211,28 @@ def costs_of_bundle(root: str | Path) -> list[CostModel]:
     for path in sorted((cache_dir() / "costs").glob("*.json")):
         try:
             model = CostModel.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
             continue
         if model.key.get("bundle") == digest and model.key.get("format") == COST_FORMAT:
             found.append(model)
     return found
 
 
-def save_costs(key: CostKey, model: CostModel) -> Path:
-    """Write ``model`` for ``key`` atomically (a temp file renamed into place)."""
+def save_costs(key: CostKey, model: CostModel) -> Path | None:
+    """Write ``model`` for ``key`` atomically (a temp file renamed into place); None where the cache cannot be
+    written (a read-only home, a full disk, a directory in the way): the costs are then measured next time."""
     path = cost_path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(model.to_json(), indent=1))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(model.to_json(), indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return None
     return path
 
 
@@ -225,5 +264,9 @@ def device_costs(
         return model
     model.key = json.loads(json.dumps(asdict(key)))
     path = save_costs(key, model)
-    say(f"specdec-edge: measured in {model.measured_s:.1f} s; cached in {path}")
+    if path is None:
+        say(f"specdec-edge: measured in {model.measured_s:.1f} s; warning: cannot write {cost_path(key)}, so they "
+            "are measured again next time (set SPECDEC_EDGE_CACHE to a writable folder to keep them)")  # fmt: skip
+    else:
+        say(f"specdec-edge: measured in {model.measured_s:.1f} s; cached in {path}")
     return model
