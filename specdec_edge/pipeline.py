@@ -26,9 +26,9 @@ from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.methods import HEAD_METHODS, Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, StopFilter, Stream, text_pieces
-from specdec_edge.tokenizer import Tokenizer
+from specdec_edge.tokenizer import MAX_MESSAGES, Tokenizer
 
-__all__ = ["GenerationResult", "Pipeline", "StopFilter", "Stream"]
+__all__ = ["MAX_MESSAGES", "GenerationResult", "Pipeline", "StopFilter", "Stream"]
 MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this many characters per token of the KV cache cannot fit
 
 
