@@ -1,4 +1,4 @@
-"""The on-disk bundle: manifest schema, atomic writing, loading and checksums.
+"""The on-disk bundle: manifest schema, loading and checksums (writing: ``bundle_write.py``).
 
 A bundle is a directory::
 
@@ -18,14 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specdec_edge.errors import BundleError
+from specdec_edge.graph_refs import GraphFormatError, external_data_files
 from specdec_edge.user_cache import cache_dir
 
 SCHEMA_VERSION = 2  # 2: graphs record the export device's exactness verdict (``GraphSpec.verdict``)
@@ -186,57 +185,6 @@ def file_table(root: Path) -> dict:
     return table
 
 
-def prepare_out_dir(out: Path, force: bool) -> None:
-    """Refuse to overwrite a non-empty directory unless ``force``."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BundleError(f"--out {out} is a file; choose a directory path for the bundle.")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise BundleError(
-            f"output directory {out} already exists and is not empty; "
-            "pass --force to replace it or choose another --out."
-        )
-
-
-class StagingDir:
-    """A temp dir next to ``out``; ``commit`` writes the manifest and renames it into place.
-
-    Used as a context manager: on any exception the staging dir is removed, so an
-    interrupted or failed export leaves nothing behind.
-    """
-
-    def __init__(self, out: Path, force: bool = False):
-        self.out = Path(out).resolve()
-        self.force = force
-        prepare_out_dir(self.out, force)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
-
-    def __enter__(self) -> StagingDir:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if self.path.exists():
-            shutil.rmtree(self.path, ignore_errors=True)
-
-    def commit(self, manifest_without_files: dict) -> Path:
-        data = dict(manifest_without_files)
-        data["files"] = file_table(self.path)
-        Manifest.from_json(data)  # the manifest must load before it is written
-        tmp = self.path / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-        os.replace(tmp, self.path / MANIFEST)
-        if self.out.exists():
-            # Swap: move the old bundle aside, move the new one in, then delete the old.
-            trash = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.old-", dir=self.out.parent))
-            os.replace(self.out, trash / "old")
-            os.replace(self.path, self.out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(self.path, self.out)
-        return self.out
-
-
 def read_manifest(bundle: Path | str, *, check_files: bool = True) -> Manifest:
     """Load and check ``manifest.json``: schema, field types, paths that stay inside the bundle, and
     (``check_files``) that every listed file is there with its recorded size. Any problem is one
@@ -277,12 +225,44 @@ def read_manifest(bundle: Path | str, *, check_files: bool = True) -> Manifest:
                     f"bundle file {rel} has size {p.stat().st_size}, manifest says {entry['size']}; "
                     "the bundle is corrupted or was copied incompletely: re-copy or re-export it."
                 )
+        check_external_data(root, manifest, mpath)
     if manifest.draft is not None and manifest.draft.graph.vocab_size != manifest.target.graph.vocab_size:
         raise BundleError(
             f"draft vocab size {manifest.draft.graph.vocab_size} differs from target "
             f"{manifest.target.graph.vocab_size}; re-export with a draft that shares the target's tokenizer."
         )
     return manifest
+
+
+def graph_paths(manifest: Manifest) -> list[str]:
+    """The ONNX graphs of a bundle: target, draft and head graphs (relative paths)."""
+    paths = [m.graph.path for m in (manifest.target, manifest.draft) if m is not None]
+    paths += [h["graph"] for name, h in (manifest.heads or {}).items() if name != "default"]
+    return paths
+
+
+def check_external_data(root: Path, manifest: Manifest, mpath: Path) -> None:
+    """Every file a graph reads as external data must be one the manifest lists (and so hashes): ONNX lets a
+    graph name any file of its folder, which ONNX Runtime would read unchecked."""
+    for rel in graph_paths(manifest):
+        try:
+            locations = external_data_files(root / rel)
+        except (GraphFormatError, OSError, ValueError) as e:
+            raise BundleError(
+                f"bundle file {rel} is not a readable ONNX graph ({e}); run `specdec-edge verify {root}`, then "
+                "re-copy or re-export the bundle."
+            ) from None
+        folder = PurePosixPath(rel).parent
+        for location in sorted(locations):
+            pure = PurePosixPath(location)
+            data = (folder / pure).as_posix()
+            if pure.is_absolute() or ".." in pure.parts or "\\" in location or data not in manifest.files:
+                raise BundleError(
+                    f"the graph {rel} reads its weights from {location!r}, a file that {mpath} does not list (so "
+                    "its checksum cannot be checked); refusing to load it. Re-export the bundle, or get it from a "
+                    "source you trust."
+                )
+            bundle_path(root, data, mpath)
 
 
 def _malformed(mpath: Path, what: str) -> BundleError:
@@ -488,10 +468,11 @@ def check_hashes(bundle: Path | str, manifest: Manifest) -> None:
 
 
 class HashRecord:
-    """Which files already matched which sha256, keyed by path, size, modification time and inode, in
-    ``<user cache>/verified.json`` (see ``user_cache.py``). A file that changes gets a new modification
-    time, so it is hashed again. Files modified in the last ``RACY_S`` seconds are not recorded (a change
-    within the file system's timestamp granularity would go unseen). Unwritable caches are ignored."""
+    """Which files already matched which sha256, keyed by path, size, modification time, inode, device and
+    change time (ctime), in ``<user cache>/verified.json`` (see ``user_cache.py``). A file that changes gets a
+    new ctime (which, unlike the modification time, no tool can set back), so it is hashed again. Files
+    modified or changed in the last ``RACY_S`` seconds are not recorded (a change within the file system's
+    timestamp granularity would go unseen). Unwritable caches are ignored."""
 
     RACY_S = 2.0
     MAX_ENTRIES = 4096
@@ -510,7 +491,8 @@ class HashRecord:
             st = path.stat()
         except OSError:
             return None
-        return str(path.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+        # ctime too: an in-place change that restores the mtime (rsync --inplace -t, cp -p, tar) still moves it
+        return str(path.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns]
 
     def vouches(self, path: Path, sha256: str) -> bool:
         key = self._key(path)
@@ -521,7 +503,7 @@ class HashRecord:
         changed = False
         for path, sha256 in files:
             key = self._key(path)
-            if key is not None and now - key[1][1] > self.RACY_S * 1e9:
+            if key is not None and now - max(key[1][1], key[1][4]) > self.RACY_S * 1e9:
                 self.entries[key[0]] = [*key[1], sha256]
                 changed = True
         if not changed:

@@ -58,7 +58,10 @@ def main():
     "quantized blocks (Q4_0/Q4_1/Q5_x/Q8_0/K-quants) as they are. All are checked batch invariant at export.",
 )
 @click.option(
-    "--capacity", type=int, default=2048, show_default=True, help="KV cache capacity in tokens (prompt + output)."
+    "--capacity",
+    type=int,
+    default=None,
+    help="KV cache capacity in tokens (prompt + output). Default: 2048, or the model's positions if it has fewer.",
 )
 @click.option(
     "--hidden-states/--no-hidden-states",
@@ -197,7 +200,7 @@ def export(
     "--epochs", type=click.IntRange(min=1), default=None, help="Default: 10 for eagle, 1 for eagle3, 3 for medusa."
 )
 @click.option("--lr", type=float, default=1e-3, show_default=True)
-@click.option("--medusa-heads", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--medusa-heads", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option(
     "--save-every", type=click.IntRange(min=1), default=20, show_default=True, help="Checkpoint interval (steps)."
 )
@@ -208,7 +211,14 @@ def export(
     show_default=True,
     help="Stop training after this long and save (0: no limit); rerun to continue.",
 )
-@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--capacity",
+    type=click.IntRange(min=16),
+    default=None,
+    help="KV cache capacity of the target bundle train-draft exports (prompt + answer tokens). Default: 2048, or "
+    "the model's positions if it has fewer.",
+)
+@click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True)
 @click.option(
     "--spinning/--no-spinning",
     default=True,
@@ -230,6 +240,7 @@ def train_draft(
     medusa_heads,
     save_every,
     max_minutes,
+    capacity,
     threads,
     spinning,
 ):
@@ -258,6 +269,7 @@ def train_draft(
         medusa_heads=medusa_heads,
         save_every=save_every,
         max_minutes=max_minutes,
+        capacity=capacity,
         threads=threads,
         spinning=spinning,
     )
@@ -476,7 +488,7 @@ def build_engines(bundle, backends, max_verify, hardware_compatible, compute_cap
     help="Precision of the default bundle. gguf: the package's own Q4_1 weights kept as they are (the fastest "
     "exact configuration measured, runs pld); fp32: dequantized, with the shipped EAGLE head (runs pld-eagle).",
 )
-@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True)
 def demo(prompt, method, k, max_new_tokens, dtype, threads):
     """Run the embedded default model (SmolLM2-135M-Instruct): speculative vs plain on one prompt.
 

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.methods import METHODS, options_help
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -47,7 +48,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
     "which verifies only the part worth its cost; 4 for the others).",
 )
-@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="CPU threads.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True, help="CPU threads.")
 @click.option(
     "--spinning/--no-spinning",
     default=True,
@@ -77,7 +78,14 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     help="Also run methods that this device's exactness verdict refuses (see `specdec-edge info`); they are marked "
     "(inexact) in the report. Without it they are skipped, as chat, generate and serve refuse them.",
 )
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the report as JSON (a disk that fills up during the run: an error line; the table on stdout "
+    "keeps the results).",
+)
 @click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
 @click.option(
     "--plot",
@@ -174,9 +182,17 @@ def bench(
         )
     table = to_markdown(report)
     click.echo(table)
-    if json_out:
-        write_atomic(json_out, json.dumps(report, indent=2))
-    if md_out:
-        write_atomic(md_out, table)
-    if plot_out:
-        plot_speedups(report, plot_out)
+    failed = []
+    for path, option, write in (
+        (json_out, "--json", lambda p: write_atomic(p, json.dumps(report, indent=2))),
+        (md_out, "--md", lambda p: write_atomic(p, table)),
+        (plot_out, "--plot", lambda p: plot_speedups(report, p)),
+    ):
+        if not path:
+            continue
+        try:
+            write(path)
+        except OSError as e:  # a disk that filled up (or went read-only) during the run: the results are above
+            failed.append(f"could not write {option} {path} ({e.strerror or e})")
+    if failed:
+        raise SpecdecError("; ".join(failed) + ": the results are the Markdown table printed above on stdout.")

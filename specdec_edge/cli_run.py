@@ -38,7 +38,7 @@ def pipeline_options(f):
         ),
         click.option(
             "--threads",
-            type=click.IntRange(min=1),
+            type=click.IntRange(1, 1024),
             default=None,
             help="CPU threads (default: one per physical core).",
         ),
@@ -135,6 +135,24 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
 
 
+CHAT_COMMANDS = ("/reset", "/stats", "/exit")
+
+
+def line_problem(line: str) -> str | None:
+    """Why a typed chat line cannot be sent, or None. A terminal whose bytes are not UTF-8 reaches Python as
+    lone surrogates (surrogateescape): the error names the byte and where it is in the line typed."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = ord(line[e.start])
+        byte = f"byte 0x{char - 0xDC00:02X}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
+        return (
+            f"that line is not valid UTF-8 text ({byte} at character {e.start + 1} of the line); set the terminal "
+            "to UTF-8 and type it again."
+        )
+    return None
+
+
 def _line_editing() -> None:
     """Arrow keys, line editing and history for ``input()`` where the platform has readline."""
     try:
@@ -227,7 +245,14 @@ def chat(
         except UnicodeDecodeError:
             click.echo("Error: that line is not valid UTF-8 text; type it again.", err=True)
             continue
-        command = line.strip()
+        problem = line_problem(line)
+        if problem:
+            click.echo(f"Error: {problem}", err=True)
+            continue
+        command, *args = line.split() or [""]
+        if command in CHAT_COMMANDS and args:
+            click.echo(f"Error: {command} takes no arguments; type {command} alone.", err=True)
+            continue
         if command == "/exit":
             return
         if command == "/reset":
@@ -241,7 +266,7 @@ def chat(
             continue
         if not command:
             continue
-        if command.startswith("/") and len(command.split()) == 1:
+        if command.startswith("/") and not args:
             click.echo(f"Unknown command {command}; the commands are /reset, /stats and /exit.", err=True)
             continue
         history.append({"role": "user", "content": line})
@@ -320,7 +345,10 @@ def generate(
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
       specdec-edge generate bundles/gemma-base --prompt "Hi" --chat-template my_template.jinja
     """
+    from specdec_edge.pipeline import check_stops
+
     SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
+    stops = check_stops([unescape(s) for s in stop])  # and too many or too long --stop strings
     pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template or None)
     request = [{"role": "user", "content": prompt}] if template is not None else prompt
     stream = pipe.stream(
@@ -330,7 +358,7 @@ def generate(
         top_k=top_k,
         top_p=top_p,
         seed=seed,
-        stop=[unescape(s) for s in stop],
+        stop=stops,
     )
     with stream:
         for piece in stream:

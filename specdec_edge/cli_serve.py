@@ -37,7 +37,7 @@ def is_loopback(host: str) -> bool:
 )
 @click.option(
     "--max-queue",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 4096),
     default=16,
     show_default=True,
     help="Requests that may wait while one is generated; more are answered 429 with a Retry-After header.",
@@ -45,14 +45,14 @@ def is_loopback(host: str) -> bool:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=click.FloatRange(0, 86400, min_open=True),
     default=600.0,
     show_default=True,
     help="Seconds a request may take, time in the queue included; then it is cancelled with a 504 error.",
 )
 @click.option(
     "--max-body-bytes",
-    type=click.IntRange(min=1024),
+    type=click.IntRange(1024, 64 << 20),
     default=1 << 20,
     show_default=True,
     help="Larger request bodies are refused with 413.",

@@ -29,11 +29,12 @@ from specdec_edge.speculative.costs import CostKey, device_costs
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.methods import HEAD_METHODS, Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
-from specdec_edge.streaming import GenerationResult, StopFilter, Stream, text_pieces
-from specdec_edge.tokenizer import Tokenizer
+from specdec_edge.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, StopFilter, Stream, text_pieces
+from specdec_edge.tokenizer import MAX_MESSAGES, Tokenizer
 
-__all__ = ["GenerationResult", "Pipeline", "StopFilter", "Stream"]
+__all__ = ["MAX_MESSAGES", "GenerationResult", "Pipeline", "StopFilter", "Stream"]
 log = logging.getLogger("specdec_edge")
+MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this many characters per token of the KV cache cannot fit
 
 
 class Pipeline:
@@ -237,7 +238,16 @@ class Pipeline:
         self.close()
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
-        """Prompt ids: plain text as is, chat messages through the bundle's chat template."""
+        """Prompt ids: plain text as is, chat messages through the bundle's chat template.
+
+        Text longer than ``MAX_CHARS_PER_TOKEN`` characters per token of the KV cache cannot fit in it
+        (tokenizers rarely make tokens that long): it is refused before it is tokenized."""
+        chars = len(prompt) if isinstance(prompt, str) else _content_chars(prompt)
+        if chars > MAX_CHARS_PER_TOKEN * self.capacity:
+            raise SpecdecError(
+                f"the prompt has {chars} characters, more than the {MAX_CHARS_PER_TOKEN * self.capacity} that can "
+                f"fit in the KV cache capacity of {self.capacity} tokens; shorten it."
+            )
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
@@ -310,11 +320,32 @@ class Pipeline:
             generation.close()
 
 
+def _content_chars(messages) -> int:
+    """Characters of the messages' contents (0 for a value that is not a list of messages: refused later)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+
 def check_stops(stop) -> list[str]:
     """``stop`` (None, a string or a sequence of strings) as a list, or an error naming the bad value."""
     stops = [stop] if isinstance(stop, str) else stop
     if stops is None:
         return []
     if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
-        raise SpecdecError(f"stop={stop!r} is invalid: use a string or a list of strings.")
+        raise SpecdecError(f"stop={_short(stop)} is invalid: use a string or a list of strings.")
+    if len(stops) > MAX_STOPS:
+        raise SpecdecError(f"stop has {len(stops)} strings, more than the limit of {MAX_STOPS}; give fewer.")
+    if longest := max(stops, key=len, default=""):
+        if len(longest) > MAX_STOP_CHARS:
+            raise SpecdecError(
+                f"a stop string has {len(longest)} characters, more than the limit of {MAX_STOP_CHARS}; "
+                "give a shorter one."
+            )
     return list(stops)
+
+
+def _short(value, most: int = 80) -> str:
+    """``repr(value)``, cut to ``most`` characters (a message stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."

@@ -67,12 +67,14 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         np.put_along_axis(out, np.argmax(x, axis=-1)[..., None], 1.0, axis=-1)
         return out
 
-    x = x / params.temperature
+    # The largest logit is subtracted before dividing: x / T overflows to inf (and inf - inf is NaN) for a
+    # tiny T such as 5e-324, while (x - max) / T only goes to -inf, i.e. probability 0 (the greedy limit).
+    with np.errstate(over="ignore"):  # a tiny T sends the others to -inf: the intended limit
+        x = (x - np.max(x, axis=-1, keepdims=True)) / params.temperature
     if 0 < params.top_k < vocab:
         kth = np.partition(x, vocab - params.top_k, axis=-1)[..., vocab - params.top_k, None]
         x = np.where(x < kth, -np.inf, x)
 
-    x = x - np.max(x, axis=-1, keepdims=True)
     probs = np.exp(x)
     probs /= probs.sum(axis=-1, keepdims=True)
 

@@ -24,26 +24,63 @@ class GenerationResult:
     finish_reason: str | None  # "eos" | "length" | "stop" | "cancelled"; None while streaming
 
 
+# Bounds on stop strings (Pipeline.generate/stream, `generate --stop`, the server's `stop`), so that one
+# request cannot make the check of every token slow: at most MAX_STOPS strings of MAX_STOP_CHARS characters.
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1000
+
+
+def _failure(s: str) -> list[int]:
+    """KMP failure function: ``f[i]`` is the length of the longest proper prefix of ``s[: i + 1]`` that is
+    also its suffix."""
+    f, q = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while q and s[i] != s[q]:
+            q = f[q - 1]
+        if s[i] == s[q]:
+            q += 1
+        f[i] = q
+    return f
+
+
 class StopFilter:
-    """Holds back text that could be the start of a stop string, and cuts at the first one found."""
+    """Holds back text that could be the start of a stop string, and cuts at the first one found.
+
+    Linear in the text fed: each stop string keeps its matched-prefix length (Knuth-Morris-Pratt), so a
+    token costs time in proportion to its characters, whatever the length of the stop strings; the text
+    held back is the longest matched prefix."""
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
+        self._fail = [_failure(s) for s in self.stops]
+        self._matched = [0] * len(self.stops)  # per stop: how many of its first characters the text ends with
         self.held = ""
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return ``(text safe to emit, stop string found)``."""
+        found = False
+        for j, (stop, fail) in enumerate(zip(self.stops, self._fail)):
+            q = self._matched[j]
+            for c in text:
+                while q and stop[q] != c:
+                    q = fail[q - 1]
+                if stop[q] == c:
+                    q += 1
+                if q == len(stop):
+                    found = True
+                    break
+            self._matched[j] = q
         text = self.held + text
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.held = ""
-            return text[: min(hits)], True
-        keep = max((n for s in self.stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        if found:  # every stop string found lies within the held text and the new text: cut at the first
+            self.held, self._matched = "", [0] * len(self.stops)
+            return text[: min(i for i in (text.find(s) for s in self.stops) if i >= 0)], True
+        keep = max(self._matched, default=0)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
 
     def flush(self) -> str:
         text, self.held = self.held, ""
+        self._matched = [0] * len(self.stops)
         return text
 
 

@@ -26,6 +26,7 @@ from specdec_edge.errors import BundleError, SpecdecError
 
 _INCOMPLETE = "\ufffd"  # what a decoder emits for bytes that are not (yet) valid UTF-8
 _PROBE = "specdec-edge checks this template"  # a user message that a working template writes out
+MAX_MESSAGES = 4096  # messages of one conversation (each takes a few tokens of the KV cache at least)
 
 
 def _raise_exception(message: str):
@@ -41,12 +42,54 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+MAX_TEMPLATE_CHARS = 1 << 20  # what one `*` (or `**`) in a chat template may make: a string, list or number
+
+
+class _TemplateEnvironment(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, with `*` and `**` bounded: ``'x' * 10**12`` or ``9 ** 9 ** 9`` in a
+    template is an error, not a process that runs out of memory or time."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_TEMPLATE_CHARS:
+                    raise OverflowError(f"a repetition of {len(seq) * n} items (the limit is {MAX_TEMPLATE_CHARS})")
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+            if abs(left) > 1 and right * max(abs(left), 2).bit_length() > 8 * MAX_TEMPLATE_CHARS:
+                raise OverflowError(f"{left} ** {right} is too large a number")
+        return super().call_binop(context, operator, left, right)
+
+
 def _compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
+
+
+def _template_failure(e: BaseException) -> str:
+    """What went wrong in a chat template, in a few words: Jinja's message, or the Python error's type and
+    message, with the template line where Jinja knows it."""
+    if isinstance(e, RecursionError):
+        return "it recurses without end (RecursionError)"
+    text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    if isinstance(e, jinja2.exceptions.TemplateError) and not isinstance(e, jinja2.exceptions.TemplateSyntaxError):
+        return text or type(e).__name__
+    line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+    return f"{type(e).__name__}{line}: {text}" if text else f"{type(e).__name__}{line}"
+
+
+def render_template(source: str, where: str, context: dict) -> str:
+    """``source`` compiled and rendered with ``context``; any failure of either (a syntax error, an error it
+    raises, a division by zero, a wrong type, a range or repetition too large, endless recursion) is one
+    ``SpecdecError`` naming ``where`` (e.g. "the chat template in chat.jinja")."""
+    try:
+        return _compile_template(source).render(context)
+    except Exception as e:  # a template is a program: any error of it is the template's
+        raise SpecdecError(f"{where} failed ({_template_failure(e)}); fix the template.") from None
 
 
 def _check_messages(messages) -> None:
@@ -55,6 +98,8 @@ def _check_messages(messages) -> None:
             "messages must be a non-empty list of {'role': ..., 'content': ...} dicts, "
             f"got {type(messages).__name__}."
         )
+    if len(messages) > MAX_MESSAGES:
+        raise SpecdecError(f"there are {len(messages)} messages, more than the limit of {MAX_MESSAGES}.")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise SpecdecError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}.")
@@ -101,15 +146,22 @@ def read_chat_template(path: str | Path) -> str:
                 f'{path} has no "chat_template" string; give a Jinja template file or a tokenizer_config.json '
                 "that holds one."
             )
-    try:
-        rendered = _compile_template(text).render(
-            messages=[{"role": "user", "content": _PROBE}], add_generation_prompt=True
-        )
-    except jinja2.exceptions.TemplateError as e:
-        raise SpecdecError(f"the chat template in {path} does not work ({e}); fix the Jinja template.") from None
+    probe = {"messages": [{"role": "user", "content": _PROBE}], "add_generation_prompt": True}
+    rendered = render_template(text, f"the chat template in {path}", probe)
     if _PROBE not in rendered:
         raise SpecdecError(f"the chat template in {path} does not write the messages' content; check the template.")
     return text
+
+
+def _reraise_interrupt(exc: BaseException) -> None:
+    """Let Ctrl-C and exits through: only the native library's own errors are turned into messages."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        raise exc
+
+
+def _native_reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _check_text(text) -> None:
@@ -143,8 +195,12 @@ class Tokenizer:
             raise BundleError(f"tokenizer file {path} not found: re-export the bundle or pass a tokenizer.json.")
         try:
             self._tok = _HFTokenizer.from_file(str(path))
-        except Exception as exc:  # the Rust side raises a bare Exception
-            raise BundleError(f"tokenizer file {path} could not be read ({exc}): re-export the bundle.") from exc
+        except BaseException as exc:  # the Rust side raises a bare Exception, or a PanicException
+            _reraise_interrupt(exc)
+            raise BundleError(
+                f"tokenizer file {path} could not be read ({_native_reason(exc)}): re-export the bundle."
+            ) from None
+        self.path = path
         self.chat_template = chat_template
         self.bos_token_id = bos_token_id
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -173,14 +229,26 @@ class Tokenizer:
         """Token ids for ``text``; prepends BOS when the model wants it and the
         tokenizer's own post-processor did not add it."""
         _check_text(text)
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids = self._native("encode", self._tok.encode, text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]
         return ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        return self._native("decode", self._tok.decode, [int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def _native(self, what: str, call, *args, **kwargs):
+        """``call(*args, **kwargs)`` of the Rust tokenizer; its errors (a bare Exception, or a
+        ``PanicException``, a BaseException that passes ``except Exception``) become one SpecdecError."""
+        try:
+            return call(*args, **kwargs)
+        except BaseException as exc:
+            _reraise_interrupt(exc)
+            raise SpecdecError(
+                f"the tokenizer ({self.path}) failed to {what} this text ({_native_reason(exc)}); the tokenizer.json "
+                "may be broken (e.g. a pre-tokenizer regex that backtracks without end): re-export the bundle."
+            ) from None
 
     @property
     def has_chat_template(self) -> bool:
@@ -194,7 +262,11 @@ class Tokenizer:
                 "this model has no chat template (a base model): pass a plain prompt instead of chat messages, "
                 "or give a template with --chat-template FILE (export, chat, generate; Pipeline.load(chat_template=))."
             )
-        return _compile_template(self.chat_template)
+        try:
+            return _compile_template(self.chat_template)
+        except Exception as e:
+            failure = _template_failure(e)
+            raise SpecdecError(f"the model's chat template failed ({failure}); fix the template.") from None
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render ``messages`` ([{'role', 'content'}, ...]) to the model's prompt text."""
@@ -203,8 +275,11 @@ class Tokenizer:
         try:
             context = {"tools": None, "documents": None, **self.special_tokens}
             return template.render(context, messages=messages, add_generation_prompt=add_generation_prompt)
-        except jinja2.exceptions.TemplateError as exc:
-            raise SpecdecError(f"the model's chat template rejected these messages: {exc}") from exc
+        except Exception as e:  # any error of the template (a program) is the template's
+            raise SpecdecError(
+                f"the model's chat template failed on these messages ({_template_failure(e)}); fix the template "
+                "(--chat-template FILE) or the messages."
+            ) from None
 
     def is_eos(self, token_id: int) -> bool:
         return int(token_id) in self.eos_token_ids

@@ -60,6 +60,11 @@ PAST = [  # (extra arguments, words the error names)
     (["--method", "pld", "-o", "windw=3"], ["no option 'windw'"]),
     (["--method", "pld", "-o", "max_ngram"], ["KEY=VALUE"]),
     (["--method", "eagle"], ["no eagle heads"]),
+    (["--threads", "1025"], ["--threads"]),
+    (["--stop", "x" * 1001], ["1001 characters", "limit of 1000"]),
+    (["--stop", "a"] * 17, ["17 strings", "limit of 16"]),
+    (["--method", "pld", "-o", "max_ngram=" + "9" * 5000], ["max_ngram=", "from 1 to 64"]),
+    (["--method", "lookahead", "-o", "seed=" + "9" * 40], ["seed="]),
 ]
 
 
@@ -106,6 +111,29 @@ def test_other_commands_refuse_bad_input(tiny_bundle, tiny_llama_dir, tmp_path):
         (["export", "--target", tiny_llama_dir, "--out", tmp_path / "o", "--dtype", "int3"], ["--dtype"]),
         (["train-draft", "--method", "eagle", "--target", tiny_llama_dir, "--out", tmp_path, "--epochs", "0"], []),
         (["build-engines", tmp_path / "nope"], ["does not exist"]),
+        (["export", "--target", tiny_llama_dir, "--out", tmp_path / "file" / "o"], ["is a file"]),
+        (
+            [
+                "train-draft",
+                "--method",
+                "medusa",
+                "--target",
+                tiny_llama_dir,
+                "--out",
+                tmp_path,
+                "--medusa-heads",
+                "65",
+            ],
+            ["--medusa-heads"],
+        ),
+        (
+            ["train-draft", "--method", "eagle", "--target", tiny_llama_dir, "--out", tmp_path, "--capacity", "8"],
+            ["--capacity"],
+        ),
+        (["serve", tiny_bundle, "--max-queue", "5000"], ["--max-queue"]),
+        (["serve", tiny_bundle, "--max-body-bytes", str(1 << 30)], ["--max-body-bytes"]),
+        (["serve", tiny_bundle, "--timeout", "1e9"], ["--timeout"]),
+        (["bench", tiny_bundle, "--threads", "5000"], ["--threads"]),
     ]
     for args, words in cases:
         refused(run(*args), *words)
@@ -152,7 +180,7 @@ API_PAST = [
     ("top_k", [-1, True, 1.5, None]),
     ("top_p", [0, 1.01, math.nan, True, None]),
     ("seed", [-1, True, 1.5, "1"]),
-    ("stop", [3, [1], {"a": 1}, [b"x"]]),
+    ("stop", [3, [1], {"a": 1}, [b"x"], "x" * 1001, ["x" * 500000], ["a"] * 17]),
 ]
 
 
@@ -173,6 +201,77 @@ def test_api_generate_accepts_the_boundaries(pipe):
     assert result.stats.new_tokens == 1
     sampled = pipe.generate("The quick", max_new_tokens=2, temperature=1e-3, top_k=1, top_p=1e-9, seed=np.int64(2**40))
     assert len(sampled.token_ids) <= 2
+    greedy = pipe.generate("The quick", max_new_tokens=6).token_ids
+    for tiny in (5e-324, 1e-300):  # the range check accepts them: sampling at them is greedy
+        assert pipe.generate("The quick", max_new_tokens=6, temperature=tiny, seed=1).token_ids == greedy
+    at_limits = pipe.generate("The quick", max_new_tokens=2, stop=["x" * 1000] * 16)
+    assert at_limits.stats.new_tokens == 2
+
+
+def test_api_sizes_past_their_bounds(pipe):
+    from specdec_edge.pipeline import MAX_CHARS_PER_TOKEN
+    from specdec_edge.tokenizer import MAX_MESSAGES
+
+    cases = [
+        ("x" * (MAX_CHARS_PER_TOKEN * pipe.capacity + 1), "characters"),
+        ([{"role": "user", "content": "x" * (MAX_CHARS_PER_TOKEN * pipe.capacity + 1)}], "characters"),
+        ([{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1), "messages"),
+    ]
+    for prompt, word in cases:
+        with pytest.raises(SpecdecError, match=word) as e:
+            pipe.generate(prompt, max_new_tokens=2)
+        assert "\n" not in str(e.value) and len(str(e.value)) < 300
+    from specdec_edge.speculative.methods import get_method
+
+    for tree in ([[0]] * 65, [[64]], [[0] * 65], [[-1]], "[" * 100000):
+        with pytest.raises(SpecdecError, match="tree=") as e:
+            get_method("medusa").check_options({"tree": tree})
+        assert len(str(e.value)) < 400
+
+
+def test_the_stop_filter_cuts_where_the_naive_check_does():
+    """Against the obvious (quadratic) reference on random text and stops over a small alphabet."""
+    import random
+
+    from specdec_edge.streaming import StopFilter
+
+    def naive(stops, pieces):
+        text = ""
+        for piece in pieces:
+            text += piece
+            hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+            if hits:
+                return text[: min(hits)], True
+        return text, False
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 3))]
+        pieces = ["".join(rng.choice("abc") for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 8))]
+        f, out, stopped = StopFilter(stops), "", False
+        for piece in pieces:
+            emitted, stopped = f.feed(piece)
+            out += emitted
+            if stopped:
+                break
+        if not stopped:
+            out += f.flush()
+        assert (out, stopped) == naive(stops, pieces), (stops, pieces)
+
+
+def test_a_long_stop_string_costs_little_per_token():
+    """The stop-string check is linear in the text fed: a 200,000-character stop took ~0.75 s a token."""
+    import time
+
+    from specdec_edge.streaming import StopFilter
+
+    stop = "ab" * 100000
+    f = StopFilter([stop])
+    started = time.perf_counter()
+    out = "".join(f.feed("ab")[0] for _ in range(200))
+    assert time.perf_counter() - started < 2.0  # 200 tokens; quadratic: minutes
+    assert out == "" and f.held == "ab" * 200  # all of it may still start the stop string
+    assert f.feed("c") == ("ab" * 200 + "c", False)
 
 
 def test_api_prompts_and_load_options(pipe, tiny_bundle):
@@ -195,6 +294,8 @@ def test_api_prompts_and_load_options(pipe, tiny_bundle):
         dict(method="pld", max_ngram=0),
         dict(method="pld", max_ngram="abc"),
         dict(method="pld", colour=1),
+        dict(threads=10**6),
+        dict(method="pld", max_ngram="9" * 5000),
     ]
     for options in bad_loads:
         with pytest.raises(SpecdecError) as e:

@@ -316,3 +316,106 @@ def test_a_damaged_head_graph_and_missing_files_are_named(heads_bundle, tmp_path
     (bundle / "tokenizer.json").write_text("{}")
     code, out = cli("verify", bundle)  # exit 1 (not 2) for a missing or wrong-size file, as documented
     assert code == 1 and "heads/medusa.onnx (missing)" in out and "tokenizer.json (size 2, manifest says" in out
+
+
+def relocate_weights(bundle: Path, new_name: str) -> None:
+    """The target graph's initializers moved to ``new_name``: the graph rewritten to point there, the manifest
+    listing the new graph but not the weights file (ONNX lets a graph name any file of its folder)."""
+    import onnx
+
+    graph = bundle / "target" / "model.onnx"
+    (bundle / "target" / "model.onnx.data").rename(bundle / "target" / new_name)
+    model = onnx.load(str(graph), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = new_name
+    graph.write_bytes(model.SerializeToString())
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["files"]["target/model.onnx.data"]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    rehash(bundle, "target/model.onnx")
+
+
+def test_weights_in_a_file_the_manifest_does_not_list_are_refused(pristine, tmp_path):
+    from specdec_edge.graph_refs import external_data_files
+
+    assert external_data_files(pristine / "target" / "model.onnx") == {"model.onnx.data"}
+    bundle = clone(pristine, tmp_path / "unlisted", link=False)
+    relocate_weights(bundle, "weights.bin")
+    damage(bundle / "target" / "weights.bin", "bitflip", random.Random(SEED))  # unchecked, it would load
+    error = attempt(bundle)
+    assert error and "weights.bin" in error and "does not list" in error, error
+    code, out = cli("info", bundle)
+    assert code == 2 and "weights.bin" in out
+    # Listed (and so hashed), a file damaged after its listing is named as damaged.
+    rehash(bundle, "target/weights.bin")
+    raw = bytearray((bundle / "target" / "weights.bin").read_bytes())
+    raw[0] ^= 0xFF
+    (bundle / "target" / "weights.bin").write_bytes(bytes(raw))
+    assert "does not match its sha256" in attempt(bundle)
+
+
+def test_a_change_in_place_that_restores_the_mtime_is_hashed_again(pristine, tmp_path, monkeypatch):
+    """rsync --inplace -t, cp -p onto an existing file, tar: same size, inode and mtime, other bytes."""
+    from specdec_edge.bundle import HashRecord, check_hashes, read_manifest
+
+    monkeypatch.setattr(HashRecord, "RACY_S", 0.0)  # record files changed just now, as if 2 s had passed
+    bundle = clone(pristine, tmp_path / "inplace", link=False)
+    data = bundle / "target" / "model.onnx.data"
+    check_hashes(bundle, read_manifest(bundle))
+    assert HashRecord().vouches(data, read_manifest(bundle).files["target/model.onnx.data"]["sha256"])
+    before = data.stat()
+    with open(data, "r+b") as f:  # the same inode, the same size
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))  # the mtime put back
+    after = data.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    error = attempt(bundle)
+    assert error and "model.onnx.data" in error and "sha256" in error, error
+
+
+def break_tokenizer(bundle: Path) -> None:
+    """A tokenizer.json whose pre-tokenizer regex backtracks: the Rust library panics on a long run of a's
+    (a PanicException, a BaseException that passes ``except Exception``)."""
+    spec = json.loads((bundle / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+    (bundle / "tokenizer.json").write_text(json.dumps(spec))
+    rehash(bundle, "tokenizer.json")
+
+
+def test_a_tokenizer_that_panics_is_a_clear_error(pristine, tmp_path):
+    bundle = clone(pristine, tmp_path / "panics", link=False)
+    break_tokenizer(bundle)
+    with Pipeline.load(bundle, method="plain", threads=1) as pipe:
+        assert pipe.generate("The quick", max_new_tokens=2).token_ids  # the regex is harmless here
+        for prompt in ("a" * 60 + "b", [{"role": "user", "content": "a" * 60 + "b"}]):
+            with pytest.raises(SpecdecError, match="tokenizer .* failed to encode") as e:
+                pipe.generate(prompt, max_new_tokens=2)
+            assert "\n" not in str(e.value) and "PanicException" in str(e.value)
+        assert pipe.generate("The quick", max_new_tokens=2).token_ids  # and it goes on working
+    code, out = cli("generate", bundle, "--prompt", "a" * 60 + "b", "--threads", "1", "--max-new-tokens", "2")
+    assert code == 2 and "failed to encode" in out
+
+
+def test_a_kv_cache_larger_than_memory_is_refused_before_allocating(pristine, tmp_path):
+    """A graph whose cache dimension is symbolic, with a manifest capacity of 1e12 tokens (466 TiB)."""
+    import onnx
+
+    from specdec_edge.runtime.base import physical_memory
+
+    bundle = clone(pristine, tmp_path / "huge", link=False)
+    graph = bundle / "target" / "model.onnx"
+    model = onnx.load(str(graph), load_external_data=False)
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name.startswith(("past_key_values.", "present.")):
+            value.type.tensor_type.shape.dim[2].dim_param = "capacity"
+    graph.write_bytes(model.SerializeToString())
+    rehash(bundle, "target/model.onnx")
+    write_manifest(bundle, lambda d: d["target"]["graph"]["cache"].update(capacity=10**12))
+    error = attempt(bundle, method="plain")
+    assert error and "memory" in error and "--capacity" in error, error
+    assert physical_memory() and f"needs {512 * 10**12 / 2**30:.1f} GiB" in error  # 2 layers x K, V x 2 x 16 x 4 B

@@ -30,6 +30,32 @@ def test_unknown_commands_are_not_sent_to_the_model(tiny_bundle):
     assert "Unknown command" not in out and out.count("tokens per target pass") == 1
 
 
+def test_commands_with_arguments_are_refused_not_sent(tiny_bundle):
+    out = chat(tiny_bundle, "/stats x\n/reset now\n/exit please\n/stats\n/exit\n")
+    for command in ("/stats", "/reset", "/exit"):
+        assert f"Error: {command} takes no arguments" in out
+    assert "tokens per target pass" not in out and "(no answer yet)" in out  # nothing went to the model
+    out = chat(tiny_bundle, "  /exit  \n")  # the command word, spaces around it or not
+    assert "Error" not in out
+
+
+def test_a_line_that_is_not_utf8_is_reported_in_the_line_typed(tiny_bundle):
+    """A terminal in another encoding: Python's stdin (UTF-8 mode) hands over the bad byte as a lone surrogate."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from specdec_edge.cli import main; main()", "chat", str(tiny_bundle), "--threads", "1",
+         "--max-new-tokens", "4"],
+        input=b"caf\xe9 au lait\nhello\n/exit\n",
+        capture_output=True,
+        env={**os.environ, "PYTHONUTF8": "1"},
+        timeout=120,
+    )  # fmt: skip
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 0, err
+    assert "not valid UTF-8 text (byte 0xE9 at character 4 of the line)" in err, err
+    assert "Traceback" not in err and "unpaired surrogate" not in err
+    assert proc.stdout.decode().count("tokens per target pass") == 1  # the next line was answered
+
+
 @pytest.mark.parametrize("stop_at", [1, 2])  # before any text, and after the first piece
 def test_a_stopped_answer_is_not_kept_in_the_conversation(tiny_bundle, monkeypatch, stop_at):
     fresh = Pipeline.load(tiny_bundle, threads=1).generate([{"role": "user", "content": "again"}], max_new_tokens=12)

@@ -296,6 +296,10 @@ def bad_requests(model: str, capacity: int) -> list[tuple[str, object, int, str 
         (t, {**ok_text, "seed": "1"}, 400, "seed"),
         (t, {**ok_text, "stop": 5}, 400, "stop"),
         (t, {**ok_text, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        (t, {**ok_text, "stop": ["x" * 500000]}, 400, "stop"),  # once held the worker 19 s for 4 tokens
+        (t, {**ok_text, "stop": "x" * 1001}, 400, "stop"),
+        (c, {**ok_chat, "messages": chat("hi") * 4097}, 400, "messages"),
+        (t, {**ok_text, "prompt": "x" * 900000}, 400, "prompt"),  # more characters than the cache can hold
         (t, {**ok_text, "stream": "yes"}, 400, "stream"),
         (t, {**ok_text, "stream_options": {"include_usage": True}}, 400, "stream_options"),
         (t, {**ok_text, "n": 2}, 400, "n"),
@@ -321,6 +325,64 @@ def test_bad_requests_get_4xx_error_objects(served, pipe):
         served.client().completions.create(model="no-such-model", prompt="hi")
     # the server is still there and answers
     assert ask(served.client(), served.model, "hi", kind="completion", stream=False, max_tokens=3)[2]
+
+
+def test_stop_strings_at_the_limit_are_quick(served):
+    body = {"model": served.model, "prompt": "The quick", "max_tokens": 8, "stop": ["x" * 1000] * 4}
+    started = time.perf_counter()
+    r = served.post("/v1/completions", body)
+    assert r.status_code == 200 and time.perf_counter() - started < 5, r.text
+
+
+def test_a_client_gone_mid_body_is_a_quiet_499(served):
+    """The client sends its headers and part of the body, then disconnects: no "Exception in ASGI application"
+    in the log, a 499 counted in /metrics, and the server answers on."""
+    before = served.metrics()
+    log_before = served.log.read_text()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", served.port)) as raw:
+            raw.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {KEY}\r\nContent-Length: 10000\r\n\r\n".encode()
+                + b'{"model": "tiny", "prompt": "'
+            )
+            time.sleep(0.2)
+    key = "specdec_requests_total{path=/v1/completions,status=499}"
+    deadline = time.monotonic() + 10
+    while served.metrics().get(key, 0) < before.get(key, 0) + 3:
+        assert time.monotonic() < deadline, served.log.read_text()[len(log_before) :]
+        time.sleep(0.1)
+    new_log = served.log.read_text()[len(log_before) :]
+    assert "Exception" not in new_log and "Traceback" not in new_log, new_log
+    assert ask(served.client(), served.model, "hi", kind="completion", stream=False, max_tokens=3)[2]
+
+
+def test_the_worker_survives_any_exception_of_a_request(pipe):
+    """A request whose handling raises a BaseException (as a native library's PanicException is) ends that
+    request only: the worker thread serves the next one."""
+    from specdec_edge.serve.worker import Job, Worker
+
+    class NativePanic(BaseException):
+        pass
+
+    events = []
+
+    def broken(kind, value):
+        events.append(kind)
+        raise NativePanic("a native library panicked")
+
+    worker = Worker(pipe, max_queue=4)
+    try:
+        worker.submit(Job("The quick", {"max_new_tokens": 4}, broken))
+        done = threading.Event()
+        results = []
+        worker.submit(Job("The quick", {"max_new_tokens": 4}, lambda k, v: (results.append((k, v)), done.set())
+                          if k in ("done", "error") else None))  # fmt: skip
+        assert done.wait(60), "the worker thread ended"
+        assert results[0][0] == "done" and results[0][1].token_ids == pipe.generate("The quick", 4).token_ids
+        assert events and worker._thread.is_alive()
+    finally:
+        worker.close()
 
 
 def test_base_model_without_chat_template(slow):

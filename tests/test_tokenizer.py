@@ -14,7 +14,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from specdec_edge.bundle import TokenizerSpec
 from specdec_edge.errors import BundleError, SpecdecError
-from specdec_edge.tokenizer import Tokenizer
+from specdec_edge.tokenizer import Tokenizer, read_chat_template
 
 SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
@@ -159,6 +159,33 @@ def test_chat_template_is_sandboxed(bpe_file):
     tok = Tokenizer(bpe_file, chat_template="{{ messages.__class__.__mro__ }}")
     with pytest.raises(Exception, match="unsafe|access"):
         tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+BROKEN_TEMPLATES = {  # each fails while it is compiled or rendered, in a way the sandbox alone lets through
+    "divides by zero": "{{ 1 // 0 }}",
+    "formats the wrong type": "{{ '%d' % 'x' }}",
+    "overflows range": "{% for i in range(10**12) %}{% endfor %}",
+    "recurses": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "blows up a string": "{{ 'x' * 10**12 }}",
+    "blows up a number": "{{ 2 ** (10 ** 9) }}",
+    "has a syntax error": "{% for m in messages %}{{ m.content }",
+    "has an unknown tag": "{% frobnicate %}",
+    "calls a missing filter": "{{ messages | nosuchfilter }}",
+    "indexes a string by a string": "{{ messages[0].content['x'].y.z() }}",
+}
+
+
+@pytest.mark.parametrize("name", BROKEN_TEMPLATES)
+def test_a_failing_chat_template_is_one_clear_error(bpe_file, tmp_path, name):
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(SpecdecError, match="chat template failed") as e:
+        Tokenizer(bpe_file, chat_template=BROKEN_TEMPLATES[name]).apply_chat_template(messages)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400, str(e.value)
+    path = tmp_path / "broken.jinja"
+    path.write_text(BROKEN_TEMPLATES[name])
+    with pytest.raises(SpecdecError, match=f"the chat template in {path} failed") as e:
+        read_chat_template(path)
+    assert "\n" not in str(e.value)
 
 
 def test_no_chat_template(bpe_file):

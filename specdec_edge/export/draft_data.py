@@ -28,7 +28,7 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_
 PART = 8  # prompts per data part file
 
 
-def prepare_bundle(target: str, out: Path, capacity: int, progress: bool, layers: bool = False) -> Path:
+def prepare_bundle(target: str, out: Path, capacity: int | None, progress: bool, layers: bool = False) -> Path:
     """A bundle with hidden states (and feature layers if ``layers``): ``target`` itself if it is one, else an
     export into ``out`` (with both, so that every head method can train from it)."""
     from specdec_edge.bundle import read_manifest

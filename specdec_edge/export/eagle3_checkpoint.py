@@ -96,10 +96,12 @@ def checkpoint_config(cfg: HeadConfig) -> dict:
 
 def write_checkpoint(heads: str | Path, out: str | Path, force: bool = False) -> Path:
     """Write the ``eagle3`` heads folder ``heads`` as a serving-engine checkpoint folder ``out``; returns it."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import load_file
 
-    from specdec_edge.bundle import prepare_out_dir
+    from specdec_edge.bundle_write import disk_errors, prepare_out_dir
 
+    out = Path(out).resolve()
+    prepare_out_dir(out, force)  # an occupied or unwritable --out first
     heads = Path(heads)
     if not (heads / "config.json").is_file() or not (heads / "weights.safetensors").is_file():
         raise ExportError(
@@ -122,19 +124,25 @@ def write_checkpoint(heads: str | Path, out: str | Path, force: bool = False) ->
     t2d = np.zeros(cfg.vocab_size, dtype=bool)
     t2d[vocab_ids] = True
     out_tensors["t2d"] = t2d
-    out = Path(out).resolve()
-    prepare_out_dir(out, force)
+    with disk_errors(out):
+        _write(out, out_tensors, checkpoint_config(cfg))
+    return out
+
+
+def _write(out: Path, out_tensors: dict, config: dict) -> None:
+    """The checkpoint folder, staged beside ``out`` and renamed into place."""
+    from safetensors.numpy import save_file
+
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))  # renamed into place
     try:
         save_file(out_tensors, str(staging / WEIGHTS), metadata={"format": "pt"})
-        (staging / "config.json").write_text(json.dumps(checkpoint_config(cfg), indent=2) + "\n")
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return out
 
 
 def is_checkpoint(folder: str | Path) -> bool:

@@ -8,16 +8,17 @@ only after every graph validated, so a failed or interrupted export leaves nothi
 from __future__ import annotations
 
 import datetime
-import os
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from specdec_edge import __version__
-from specdec_edge.bundle import SCHEMA_VERSION, CacheSpec, GraphSpec, StagingDir, prepare_out_dir
+from specdec_edge.bundle import SCHEMA_VERSION, CacheSpec, GraphSpec
+from specdec_edge.bundle_write import StagingDir, disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
 from specdec_edge.exactness import head_trees, recorded_verdict
+from specdec_edge.runtime.base import physical_memory
 
 # "gguf": a GGUF's own quantized blocks, kept as they are (export/gguf_blocks.py), the rest fp32.
 DTYPES = ("fp32", "fp16", "int8", "int4", "gguf")
@@ -50,12 +51,12 @@ class _Stage:
             print(f" {status} ({time.perf_counter() - self.t0:.1f} s)", file=sys.stderr, flush=True)
 
 
-def physical_memory() -> int | None:
-    """Bytes of RAM in this machine, where the platform says."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+DEFAULT_CAPACITY = 2048  # or the model's positions, if it has fewer (``default_capacity``)
+
+
+def default_capacity(limits: dict[str, tuple[int | None, int]]) -> int:
+    """The KV cache capacity when none is asked for: 2048 tokens, or the fewest positions of the models."""
+    return min([DEFAULT_CAPACITY, *(positions for positions, _ in limits.values() if positions)])
 
 
 def check_capacity(capacity: int, limits: dict[str, tuple[int | None, int]], memory: int | None = None) -> None:
@@ -65,7 +66,8 @@ def check_capacity(capacity: int, limits: dict[str, tuple[int | None, int]], mem
         if positions and capacity > positions:
             raise ExportError(
                 f"--capacity {capacity} exceeds the {positions} positions that {source} handles "
-                f"(max_position_embeddings); use --capacity {positions} or less (the default is 2048)."
+                f"(max_position_embeddings); use --capacity {positions} or less (the default is 2048, or the "
+                "model's positions if fewer)."
             )
     need = capacity * sum(per_token for _, per_token in limits.values())
     memory = memory or physical_memory()
@@ -76,6 +78,15 @@ def check_capacity(capacity: int, limits: dict[str, tuple[int | None, int]], mem
         )
 
 
+BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "gguf": 1}
+
+
+def weights_bytes(models, dtype: str) -> int:
+    """About the bytes the models' weights take in a bundle of ``dtype`` (what an export needs on disk)."""
+    params = sum(p.numel() for m in models if m is not None for p in m.model.parameters())
+    return int(params * BYTES_PER_WEIGHT.get(dtype, 4))
+
+
 def export_bundle(
     target: str,
     out: str | Path,
@@ -83,7 +94,7 @@ def export_bundle(
     draft: str | None = None,
     flavour: str = "ort",
     dtype: str = "fp32",
-    capacity: int = 2048,
+    capacity: int | None = None,
     hidden_states: bool = False,
     feature_layers: tuple = (),
     heads: tuple = (),
@@ -95,6 +106,8 @@ def export_bundle(
     progress: bool = True,
 ) -> Path:
     """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path.
+
+    ``capacity``: KV cache tokens; None: 2048, or the model's positions if it has fewer (said on stderr).
 
     ``feature_layers``: the target graph also outputs these layers' entering residual streams
     (``layer_features``, what EAGLE-3 heads read); "default": EAGLE-3's low, middle and high layers
@@ -110,7 +123,7 @@ def export_bundle(
         raise ExportError(f"unknown --flavour {flavour!r}; choose one of {', '.join(FLAVOURS)}.")
     if flavour == "portable" and dtype in ("int8", "int4", "gguf"):
         raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
-    if capacity < 16:
+    if capacity is not None and capacity < 16:
         raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
     from specdec_edge.export.heads_folder import read_head_config
     from specdec_edge.export.sources import cache_limits, load_model, resolve_source
@@ -126,9 +139,12 @@ def export_bundle(
     methods = [read_head_config(Path(folder)).method for folder in heads]
     if len(set(methods)) < len(methods):
         raise ExportError(f"two heads folders of one method were given ({', '.join(methods)}); pass one per method.")
-    check_capacity(
-        capacity, {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
-    )
+    limits = {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
+    if capacity is None:
+        capacity = default_capacity(limits)
+        if progress and capacity < DEFAULT_CAPACITY:
+            print(f"  KV cache capacity {capacity} tokens: the model's positions (default 2048)", file=sys.stderr)
+    check_capacity(capacity, limits)
     hidden_states = hidden_states or bool(heads)
     if heads:
         from specdec_edge.export.heads_folder import heads_feature_layers
@@ -153,7 +169,7 @@ def export_bundle(
             keep_gguf_blocks(drf, draft)
         check_same_vocab(tgt, drf)
 
-    with StagingDir(Path(out), force) as staging:
+    with disk_errors(Path(out), weights_bytes((tgt, drf), dtype)), StagingDir(Path(out), force) as staging:
         specs = {}
         for role, loaded in (("target", tgt), ("draft", drf)):
             if loaded is None:

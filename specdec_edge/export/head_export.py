@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdec_edge.bundle import StagingDir, read_manifest
+from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle_write import StagingDir
 from specdec_edge.errors import ExportError
 from specdec_edge.exactness import head_trees, recorded_verdict
 from specdec_edge.export.head_onnx import TOP_K

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from specdec_edge.bundle import Manifest, read_manifest
+from specdec_edge.bundle_write import disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
 from specdec_edge.export.draft_data import batches, draft_vocabulary, generate_data, load_prompt_texts, prepare_bundle
 from specdec_edge.export.head_export import target_final_norm, target_weights
@@ -57,7 +58,7 @@ def prepare(
     holdout: int,
     answer_tokens: int,
     draft_vocab: int,
-    capacity: int,
+    capacity: int | None,
     threads: int | None,
     progress: bool,
     layers: bool = False,
@@ -155,8 +156,14 @@ class Checkpoint:
         """Load the saved state into ``t``, if there is one; an ExportError if it was made with other settings."""
         if not self.path.is_file():
             return
-        state = torch.load(self.path, weights_only=False)
-        if state["settings"] != self.settings:
+        try:  # weights only: a pickle planted in a shared or downloaded work folder cannot run code
+            state = torch.load(self.path, weights_only=True)
+        except Exception as e:  # torch raises UnpicklingError, RuntimeError or others for what it refuses
+            raise ExportError(
+                f"{self.path} is not a training checkpoint that can be loaded safely (weights only: "
+                f"{type(e).__name__}); delete it to train from the start, or use a new --out."
+            ) from None
+        if not isinstance(state, dict) or state.get("settings") != self.settings:
             raise ExportError(f"{self.path} was written with other settings; use a new --out or delete the checkpoint.")
         t.head.load_state_dict(state["head"], strict=False)
         t.optimizer.load_state_dict(state["optimizer"])
@@ -272,7 +279,7 @@ def train_draft(
     save_every: int = 20,
     max_minutes: float = 0.0,
     medusa_heads: int = 4,
-    capacity: int = 2048,
+    capacity: int | None = None,
     threads: int | None = 2,
     seed: int = 0,
     progress: bool = True,
@@ -290,7 +297,9 @@ def train_draft(
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with disk_errors(out):
+        out.mkdir(parents=True, exist_ok=True)
+    prepare_out_dir(out / method, force=True)  # a writable file system, before the long work
     started, cpu_started = time.perf_counter(), time.process_time()
     prep = prepare(
         target,

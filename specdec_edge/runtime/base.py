@@ -34,6 +34,34 @@ MAX_VERIFY = 64
 PAD_TO = 32
 
 
+def physical_memory() -> int | None:
+    """Bytes of RAM in this machine, where the platform says."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def kv_cache_bytes(graph) -> int:
+    """Bytes of one graph's KV cache (``GraphSpec.cache``): layers x key and value x heads x capacity x dim."""
+    c = graph.cache
+    return c.num_layers * 2 * c.num_kv_heads * c.capacity * c.head_dim * (2 if c.dtype == "float16" else 4)
+
+
+def check_cache_memory(graph, path, memory: int | None = None) -> None:
+    """Refuse, before anything is allocated, a KV cache larger than this machine's memory (a damaged or
+    hostile manifest's capacity would otherwise end in a MemoryError, or the machine swapping)."""
+    need = kv_cache_bytes(graph)
+    memory = memory or physical_memory()
+    if memory and need > memory:
+        raise SpecdecError(
+            f"{path}: its KV cache of {graph.cache.capacity} tokens needs {need / 2**30:.1f} GiB, more than this "
+            f"machine's {memory / 2**30:.1f} GiB of memory; re-export the bundle with a smaller --capacity."
+        )
+
+
 @dataclass
 class StepOutput:
     """What one ``run`` returns. The arrays may be reused buffers, valid until the engine's next run."""

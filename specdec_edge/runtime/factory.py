@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import BACKENDS, Engine
+from specdec_edge.runtime.base import BACKENDS, Engine, check_cache_memory
 from specdec_edge.runtime.ort_engine import OrtEngine
 
 
@@ -60,6 +60,7 @@ def open_engine(
             f"CUDA graphs are an option of provider 'cuda' (ONNX Runtime's CUDA EP), not {provider!r}; "
             "drop cuda_graph or use provider='cuda'."
         )
+    check_cache_memory(graph, root / graph.path)  # before any session or buffer
     if provider == "cpu":
         return OrtEngine(root / graph.path, graph, provider=provider, threads=threads, spinning=spinning)
     if provider in ("trt", "trt-rtx"):

@@ -136,10 +136,17 @@ def app_session_options() -> ort.SessionOptions:
     return opts
 
 
+MAX_THREADS = 1024  # CPU threads a session may ask for (ONNX Runtime would try to start every one)
+
+
 def check_threads(threads, spinning) -> CpuThreads:
     """``CpuThreads`` from user input, or an error that names the bad value."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise SpecdecError(f"threads={threads!r} is invalid: use an integer >= 1, or None for one per core.")
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS
+    ):
+        raise SpecdecError(
+            f"threads={threads!r} is invalid: use an integer from 1 to {MAX_THREADS}, or None for one per core."
+        )
     if not isinstance(spinning, bool):
         raise SpecdecError(f"spinning={spinning!r} is invalid: use True or False.")
     return CpuThreads(threads, spinning)

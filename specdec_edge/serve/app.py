@@ -10,7 +10,8 @@ A request is checked completely (key, body size, JSON, parameters, prompt length
 cache) before it takes a queue slot, so every refusal is a 4xx with an OpenAI-style error object.
 Accepted requests go to the one ``Worker`` thread; their events come back to the event loop
 through ``call_soon_threadsafe``. A client that disconnects, or a request past its deadline,
-cancels its generation, and the worker moves on to the next request.
+cancels its generation, and the worker moves on to the next request; one that disconnects before its body
+has arrived is answered (and counted in /metrics) as 499, without a log line.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -122,10 +123,16 @@ async def read_json(request: Request, limit: int):
     if length.isdigit() and int(length) > limit:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:  # gone in the middle of its body: nobody to answer, nothing to log
+        raise APIError(
+            499, "the client disconnected before it sent the whole request body.", code="client_gone"
+        ) from None
+
     if not body:
         raise bad("the request body is empty: send a JSON object.")
     try:

@@ -14,6 +14,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from specdec_edge.pipeline import MAX_MESSAGES
+from specdec_edge.streaming import MAX_STOP_CHARS
+
 STATS_FIELD = "specdec_edge"
 MAX_STOPS = 4  # as OpenAI's API
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled"}
@@ -153,6 +156,8 @@ def _messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list of {'role': ..., 'content': ...} objects.", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise bad(f"messages has {len(messages)} entries, more than the limit of {MAX_MESSAGES}.", "messages")
     out = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
@@ -184,6 +189,9 @@ def _stop(body: dict) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) for s in stops):
         raise bad(f"stop must be a string or a list of up to {MAX_STOPS} strings.", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        longest = max(len(s) for s in stops)
+        raise bad(f"a stop string has {longest} characters, more than this server's limit of {MAX_STOP_CHARS}.", "stop")
     return tuple(s for s in stops if s)
 
 

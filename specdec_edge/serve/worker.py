@@ -103,6 +103,8 @@ class Worker:
             self._running = job
             try:
                 self._run(job)
+            except BaseException:  # never ends the worker: the requests queued behind must still run
+                log.exception("a request's generation failed")
             finally:
                 self._running = None
 
@@ -131,7 +133,10 @@ class Worker:
         except SpecdecError as e:  # the pipeline refused this request
             self._record(None, start)
             job.notify("error", e)
-        except Exception as e:  # a bug: report it, log it, and keep serving
+        except BaseException as e:  # a bug, or a native library's BaseException: report, log, keep serving
             log.exception("generation failed")
             self._record(None, start)
-            job.notify("error", e)
+            try:
+                job.notify("error", e)
+            except BaseException:  # the job's own callback failed: nothing more to tell it
+                log.exception("reporting a failed generation failed")

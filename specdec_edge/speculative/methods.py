@@ -65,7 +65,8 @@ class Option:
             "int": "an integer",
             "float": "a number",
             "bool": "true or false",
-            "tree": "a list of rank paths such as [[0], [1], [0, 0]]",
+            "tree": f"a list of up to {MAX_TREE_PATHS} rank paths (ranks 0 to {MAX_TREE_PATHS - 1}) such as "
+            "[[0], [1], [0, 0]]",
         }[self.kind]
         if self.low is not None and self.high is not None:
             what += f" from {self.low:g} to {self.high:g}" if not self.strict else f" in ({self.low:g}, {self.high:g}]"
@@ -83,8 +84,9 @@ class Option:
         )
         if bad:
             default = "the bundle's setting" if self.default is None else json.dumps(self.default)
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise SpecdecError(
-                f"bad option for method {method!r}: {self.name}={value!r} is invalid; use "
+                f"bad option for method {method!r}: {self.name}={shown} is invalid; use "
                 f"{self.describe()} (default: {default})."
             )
         return parsed
@@ -92,8 +94,8 @@ class Option:
 
 def _int(value):
     if isinstance(value, str):
-        value = value.strip()
-        return int(value) if value.lstrip("+-").isdigit() else None
+        value = value.strip()  # more than 30 digits is out of every range (and int() refuses 4300+ digits)
+        return int(value) if value.lstrip("+-").isdigit() and len(value) <= 30 else None
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -115,16 +117,25 @@ def _bool(value):
 
 def _tree(value):
     if isinstance(value, str):
+        if len(value) > 16 * MAX_TREE_PATHS**2:  # longer than the largest tree written out
+            return None
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
-    if not isinstance(value, (list, tuple)) or not value:
+    if not isinstance(value, (list, tuple)) or not value or len(value) > MAX_TREE_PATHS:
         return None
-    paths = [p for p in value if isinstance(p, (list, tuple)) and p and all(_int(r) is not None for r in p)]
+    paths = [
+        p
+        for p in value
+        if isinstance(p, (list, tuple))
+        and 0 < len(p) <= MAX_TREE_PATHS
+        and all(_int(r) is not None and 0 <= _int(r) < MAX_TREE_PATHS for r in p)
+    ]
     return [[int(r) for r in p] for p in paths] if len(paths) == len(value) else None
 
 
+MAX_TREE_PATHS = 64  # a tree option: at most this many paths, of this depth, of ranks below it (a verify pass)
 _PARSERS = {"int": _int, "float": _float, "bool": _bool, "tree": _tree}
 
 
@@ -212,7 +223,7 @@ LOOKAHEAD_OPTIONS = (
     Option("ngram", "int", 3, "n-gram size of the pool", low=2, high=16),
     Option("guesses", "int", 4, "pool n-grams verified per step", low=0, high=64),
     Option("prompt_ngrams", "bool", True, "seed the pool with the prompt's n-grams"),
-    Option("seed", "int", 0, "seed of the initial window guesses", low=0),
+    Option("seed", "int", 0, "seed of the initial window guesses", low=0, high=2**63 - 1),
 )
 EAGLE_OPTIONS = (
     Option("topk", "int", None, "children per expanded node (bundle default, else 3)", low=1, high=64),
