@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -74,6 +75,8 @@ def _cpu_model() -> str:
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
+    # What this host's runs cache (step costs, verdicts) stays out of the user's cache.
+    os.environ.setdefault("SPECDEC_EDGE_CACHE", tempfile.mkdtemp(prefix="specdec-arm64-host-cache-"))
     real = "--real" in argv[1:]
     out.mkdir(parents=True, exist_ok=True)
     from specdec_edge.export.exporter import export_bundle

@@ -179,7 +179,14 @@ for name in "${names[@]}"; do
     && say "NOTE $name: ONNX Runtime warned 'cpuinfo_initialize failed' (no /sys in the root; its kernels come from the CPU's hwcaps)"
   check "$name verify" specdec-edge verify "$b"
   check "$name info" specdec-edge info "$b"
-  check "$name info --json" specdec-edge info --json "$b"
+  # The exactness verdict measured here on the first load (another device than the export machine) beside the export's.
+  if inroot specdec-edge info --json "$b" >"$ROOT/srv/check/$name.info.json" 2>>"$DIR/logs/$name.inside.stderr.txt"; then
+    say "PASS $name info --json"
+  else
+    say "FAIL $name info --json"; failures=$((failures + 1))
+  fi
+  inroot "$VENV/bin/python" /srv/check/arm64_inside.py --verdicts "$name" "/srv/check/$name.info.json" \
+    2>>"$DIR/logs/$name.inside.stderr.txt" || failures=$((failures + 1))
   check "$name generate" specdec-edge generate "$b" --prompt "The quick brown fox" --max-new-tokens 16 --threads 2 --json
   check "$name chat" sh -c "printf 'Say hello.\n/stats\n/exit\n' | specdec-edge chat '$b' --max-new-tokens 16 --threads 2"
   stage_end

@@ -2,6 +2,7 @@
 every method the bundle offers on the same prompts, and compare each with plain on this device token for token.
 
     python arm64_inside.py BUNDLE NAME HOST_JSON RESULT_JSON [MAX_NEW_TOKENS]
+    python arm64_inside.py --verdicts NAME INFO_JSON      # after a load: this device's verdict beside the export's
 
 Prints one line per check (PASS / FAIL / SKIP / INFO) and writes RESULT_JSON; exits 1 on any FAIL.
 """
@@ -45,7 +46,28 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def verdicts(name: str, info_json: Path) -> int:
+    """The exactness verdicts `specdec-edge info --json` lists: the export machine's and this device's (measured
+    on the first load here, since the device identity differs), one line each; FAIL when this device has none."""
+    from specdec_edge.exactness import Verdict, describe
+
+    info = json.loads(info_json.read_text())
+    dtype = info["target"]["dtype"]
+    here = [v for v in info.get("verdicts", []) if v["device"].get("arch") == platform.machine()]
+    for v in info.get("verdicts", []):
+        device = v["device"]
+        where = f"{device.get('name', '?')} [{device.get('arch', '?')}; {' '.join(device.get('isa') or []) or '-'}]"
+        print(f"INFO {name} verdict {v['measured']} on {where}: {describe(Verdict.from_json(v), dtype)}", flush=True)
+    if not here:
+        print(f"FAIL {name} verdict: none measured on this {platform.machine()} device", flush=True)
+        return 1
+    print(f"PASS {name} verdict measured on this device ({platform.machine()})", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--verdicts":
+        return verdicts(argv[1], Path(argv[2]))
     bundle, name, host_json, result_json = Path(argv[0]), argv[1], Path(argv[2]), Path(argv[3])
     max_new = int(argv[4]) if len(argv) > 4 else MAX_NEW_TOKENS
     failures = 0
