@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     --setup-only) SETUP_ONLY=1; shift ;;
     --max-new-tokens) MAX_NEW=$2; shift 2 ;;
     --cpu) QEMU_CPU_MODEL=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '/^set -uo/q;2,$p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
