@@ -23,13 +23,14 @@ ISA_FLAGS = (
 )  # fmt: skip
 
 
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+def _cpuinfo(text: str | None = None) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (or of ``text``; {} where there is none)."""
     fields: dict[str, str] = {}
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return fields
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return fields
     for line in text.splitlines():
         if not line.strip():
             if fields:
@@ -40,20 +41,81 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+def _is_arm(machine: str) -> bool:
+    return machine.lower().startswith(("aarch64", "arm"))
+
+
+# (CPU implementer, CPU part) of an ARM /proc/cpuinfo, which has no "model name": Jetsons' and common cores.
+ARM_CORES = {
+    ("0x41", "0xd03"): "Cortex-A53",
+    ("0x41", "0xd05"): "Cortex-A55",
+    ("0x41", "0xd07"): "Cortex-A57",  # Jetson Nano, TX1, TX2
+    ("0x41", "0xd08"): "Cortex-A72",
+    ("0x41", "0xd0b"): "Cortex-A76",
+    ("0x41", "0xd0c"): "Neoverse-N1",
+    ("0x41", "0xd40"): "Neoverse-V1",
+    ("0x41", "0xd42"): "Cortex-A78AE",  # Jetson Orin
+    ("0x41", "0xd4f"): "Neoverse-V2",  # Grace
+    ("0x4e", "0x004"): "NVIDIA Carmel",  # Jetson Xavier
+}
+
+
+def describe_cpu(info: dict[str, str], machine: str, board: str = "") -> str:
+    """The CPU's name from its /proc/cpuinfo fields ``info``, the architecture ``machine`` and ``board``
+    (/proc/device-tree/model, e.g. a Jetson's).
+
+    x86: the "model name". ARM: the core (from implementer and part) and the board, with the architecture.
+    Under user-mode emulation (qemu-user) /proc/cpuinfo is the x86 host's: an ARM process that reads an x86
+    cpuinfo says it is emulated, so it is never taken for its host.
+    """
+    model = info.get("model name")
+    if not _is_arm(machine):
+        return model or platform.processor() or machine or "unknown"
+    if "vendor_id" in info or "flags" in info:  # x86 fields seen by an emulated ARM process
+        return f"{machine} emulated on {model or info.get('vendor_id') or 'another CPU'}"
+    implementer, part = info.get("cpu implementer", "").lower(), info.get("cpu part", "").lower()
+    core = model or ARM_CORES.get((implementer, part))
+    core = core or (f"CPU implementer {implementer} part {part or '?'}" if implementer else "unknown core")
+    board = board.strip("\x00 \n")
+    return f"{machine} {core}{f', {board}' if board else ''}"
+
+
 def cpu_name() -> str:
-    """The CPU's model name; on ARM (no "model name" line), its implementer and part numbers."""
-    info = _cpuinfo()
-    if info.get("model name"):
-        return info["model name"]
-    if info.get("cpu implementer"):
-        return f"{platform.machine()} CPU implementer {info['cpu implementer']} part {info.get('cpu part', '?')}"
-    return platform.processor() or platform.machine() or "unknown"
+    """The CPU's model name; on ARM (no "model name" line), its core and board (``describe_cpu``)."""
+    try:
+        board = Path("/proc/device-tree/model").read_text(errors="replace")
+    except OSError:
+        board = ""
+    return describe_cpu(_cpuinfo(), platform.machine(), board)
+
+
+# AT_HWCAP / AT_HWCAP2 bits of arm64 Linux: what MLAS's ARM kernels are chosen by (not /proc/cpuinfo, which
+# under qemu-user is the host's).
+ARM_HWCAPS = {"fphp": (16, 9), "asimd": (16, 1), "asimdhp": (16, 10), "asimddp": (16, 20), "sve": (16, 22),
+              "sve2": (26, 1), "i8mm": (26, 13), "bf16": (26, 14), "sme": (26, 23)}  # fmt: skip
+
+
+def _arm_hwcaps() -> set[str] | None:
+    """This ARM process's features from the kernel's auxiliary vector (getauxval), or None where unreadable."""
+    try:
+        import ctypes
+
+        getauxval = ctypes.CDLL(None).getauxval
+        getauxval.restype = ctypes.c_ulong
+        getauxval.argtypes = [ctypes.c_ulong]
+        words = {16: getauxval(16), 26: getauxval(26)}
+    except (OSError, AttributeError):
+        return None
+    return {name for name, (word, bit) in ARM_HWCAPS.items() if words[word] >> bit & 1}
 
 
 def cpu_features() -> list[str]:
-    """The kernel-relevant instruction set features of this CPU (x86 "flags", ARM "features")."""
+    """The kernel-relevant instruction set features of this CPU (x86 "flags"; ARM: the kernel's hwcaps, else
+    cpuinfo's "features")."""
     info = _cpuinfo()
-    flags = set((info.get("flags") or info.get("features") or "").split())
+    flags = _arm_hwcaps() if _is_arm(platform.machine()) else None
+    if flags is None:
+        flags = set((info.get("flags") or info.get("features") or "").split())
     return [f for f in ISA_FLAGS if f in flags]
 
 
