@@ -297,3 +297,48 @@ def test_info_lists_the_verdict_of_every_device(tiny_bundle):
     ]
     text = CliRunner().invoke(main, ["info", str(tiny_bundle)]).output
     assert "exactness on a laptop CPU (cpu, threads" in text and "chains are verified bit for bit" in text
+
+
+def test_bench_runs_what_users_run_and_marks_what_it_is_told_to_run_inexactly(tiny_bundle):
+    """A verdict that vouches for chains only: bench skips tree methods with the policy's reason, as chat and
+    serve refuse them; with allow_inexact it runs them and marks them."""
+    from specdec_edge.bench import BenchPrompt, run_bench, to_markdown
+
+    plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    target = replace(plain.target.graph, dtype="int4")
+    plain.target.graph = target
+    try:
+        chains = Pipeline(
+            plain.tokenizer, plain.target, None, "plain", verdict=replace(plain.verdict, tree_invariant=False)
+        )
+        prompts = [BenchPrompt(1, "writing", ("the quick brown fox the quick brown fox",))]
+        report = run_bench(chains, ["plain", "pld", "lookahead"], prompts, max_new_tokens=12, progress=False)
+        assert "lookahead" in report["skipped_methods"] and "chain-shaped" in report["skipped_methods"]["lookahead"]
+        assert report["results"]["pld"]["overall"]["identical_output_rate"] == 1.0
+        assert report["meta"]["inexact_methods"] == [] and "trees round differently" in report["meta"]["exactness"]
+        inexact = run_bench(chains, ["plain", "lookahead"], prompts, max_new_tokens=12, progress=False,
+                            allow_inexact=True)  # fmt: skip
+        assert inexact["meta"]["inexact_methods"] == ["lookahead"] and "lookahead (inexact)" in to_markdown(inexact)
+    finally:
+        plain.target.graph = replace(target, dtype="fp32")
+
+
+def test_gpu_engines_get_a_verdict_of_their_own(tiny_bundle, tmp_path):
+    """GPU engines pad every pass to ``pad_to`` rows; their verdict is measured on them (here the CPU emulation of
+    the CUDA engine), so a graph whose rows depend on their partners is refused there too."""
+    from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
+
+    graph = read_manifest(tiny_bundle).target.graph
+    ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    padded = OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=8)
+    pipe = Pipeline(ref.tokenizer, padded, None, "pld", 4)
+    assert pipe.verdict.batch_invariant and pipe.verdict.min_pass_width == 1  # every narrow pass is 8 rows
+    assert (
+        pipe.generate("the quick brown fox", max_new_tokens=12).token_ids
+        == ref.generate("the quick brown fox", max_new_tokens=12).token_ids
+    )
+    dyn = OrtGpuEngine(_dynamic_quantized(tiny_bundle, tmp_path), graph, provider="cpu", device="cpu", threads=1,
+                       pad_to=8)  # fmt: skip
+    with pytest.raises(SpecdecError, match="not batch invariant"):
+        Pipeline(ref.tokenizer, dyn, None, "pld", 4)
+    assert Pipeline(ref.tokenizer, dyn, None, "plain").generate("the quick", max_new_tokens=4).token_ids
