@@ -132,7 +132,7 @@ def test_export_stores_a_chat_template_file(base_gemma_dir, template_file, tmp_p
 @pytest.mark.parametrize(
     "text,error",
     [
-        ("{% for m in messages %}", "does not work"),
+        ("{% for m in messages %}", "fix the template"),
         ("Hello there", None),  # renders, but not the messages: caught below
         ("{{ raise_exception('no user turns') }}", "no user turns"),
     ],
