@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from specdec_edge import SpecdecError
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle import SCHEMA_VERSION, read_manifest
 from specdec_edge.bundle_write import StagingDir, remove_stale_staging
 from specdec_edge.cli import main
 
@@ -138,9 +138,19 @@ def minimal_manifest(staging: Path) -> dict:
     (staging / "target" / "model.onnx").write_bytes(b"x")
     (staging / "tokenizer.json").write_text("{}")
     cache = {"num_layers": 1, "num_kv_heads": 1, "head_dim": 8, "capacity": 16, "dtype": "float32"}
-    graph = {"path": "target/model.onnx", "flavour": "ort", "dtype": "fp32", "vocab_size": 8, "hidden_size": 8}
+    graph = {
+        "path": "target/model.onnx",
+        "flavour": "ort",
+        "dtype": "fp32",
+        "vocab_size": 8,
+        "hidden_size": 8,
+        "batch_invariant": True,
+        "min_pass_width": 2,
+        "tree_invariant": True,
+        "verdict": {"max_width": 64, "device": {}, "details": {}},
+    }
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "exporter": {"name": "specdec-edge", "version": "test"},
         "target": {
             "role": "target", "source": "x", "revision": None, "architecture": "llama",

@@ -18,12 +18,12 @@ from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.export.head_recipes import RECIPES
+from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
 from specdec_edge.speculative.stats import Stats
-from specdec_edge.speculative.tree import path_to, tree_inputs
 from tests.test_acceptance import CHI2_CRIT_DF7_P001
 from tests.test_light_runtime import heavy_modules, run_clean
 from tests.test_methods import assert_greedy_equals_plain

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
+from specdec_edge.runtime.tree import depths, path_to
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.loop import prefill, verify
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.proposal import Proposal
-from specdec_edge.speculative.tree import depths, path_to
 
 # method -> the bundle fixture that can run it (a new method must be added here: the registry is checked below)
 BUNDLE = {

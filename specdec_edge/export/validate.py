@@ -14,7 +14,7 @@ import numpy as np
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import ExportError
 from specdec_edge.runtime.ort_engine import OrtEngine
-from specdec_edge.speculative.tree import path_to, tree_inputs
+from specdec_edge.runtime.tree import path_to, tree_inputs
 
 # Max |onnx - torch| relative to max |torch logit|, per weight precision.
 TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2, "int8": 0.35, "int4": 0.5, "gguf": 0.35}

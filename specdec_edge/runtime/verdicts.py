@@ -41,6 +41,7 @@ import numpy as np
 from specdec_edge.exactness import Verdict
 from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_key
+from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
 
 VERDICT_FORMAT = 1  # bumped when what is measured changes: cached verdicts of other formats are measured again
@@ -127,8 +128,6 @@ def _chain_rows_match(probe: _Probe, past: int, tokens: np.ndarray) -> tuple[boo
 
 def _tree_rows_match(probe: _Probe, past: int, parents: list[int]) -> tuple[bool, float]:
     """Every node of one tree pass against its branch run as a chain."""
-    from specdec_edge.speculative.tree import path_to, tree_inputs
-
     tokens = probe.tokens(len(parents))
     positions, bias = tree_inputs(parents, past)
     rows = probe.run(past, tokens, positions, bias)

@@ -27,9 +27,9 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.tree import path_to
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.proposal import Proposal
-from specdec_edge.speculative.tree import path_to
 
 
 def _check_shapes(draft_tokens: np.ndarray, target: np.ndarray, draft_probs: np.ndarray | None = None) -> int:

@@ -21,9 +21,9 @@ import numpy as np
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import causal_bias
+from specdec_edge.runtime.tree import path_to
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
-from specdec_edge.speculative.tree import path_to
 
 if TYPE_CHECKING:  # only for type hints: the head sessions live in runtime/
     from specdec_edge.runtime.head_graphs import HeadGraph

@@ -24,11 +24,11 @@ import numpy as np
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import PREFILL_CHUNK, Engine
+from specdec_edge.runtime.tree import tree_inputs
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
-from specdec_edge.speculative.tree import tree_inputs
 
 log = logging.getLogger("specdec_edge")
 GREEDY = SamplingParams()

@@ -24,8 +24,8 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
+from specdec_edge.runtime.tree import depths
 from specdec_edge.speculative.proposal import Proposal, Proposer
-from specdec_edge.speculative.tree import depths
 
 
 class Predictor(ABC):
