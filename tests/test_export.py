@@ -55,9 +55,12 @@ def test_export_validates_each_family(family_dirs, tmp_path, kind, flavour):
 
 def test_manifest_contract(tiny_bundle):
     data = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert data["exporter"]["name"] == "specdec-edge"
     g = data["target"]["graph"]
+    # the export machine's exactness verdict, with the device it was measured on (runtime/verdicts.py)
+    assert g["batch_invariant"] and g["min_pass_width"] in (1, 2) and g["verdict"]["max_width"] == 64
+    assert g["verdict"]["device"]["provider"] == "cpu" and "boundaries" in g["verdict"]["details"]
     names = [i["name"] for i in g["inputs"]]
     assert names[:3] == ["input_ids", "position_ids", "attention_bias"]
     assert g["cache"]["capacity"] == 256 and g["cache"]["in_place"]
