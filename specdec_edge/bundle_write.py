@@ -38,16 +38,22 @@ def prepare_out_dir(out: Path, force: bool) -> None:
             f"output directory {out} already exists and is not empty; "
             "pass --force to replace it or choose another --out."
         )
-    folder = out.resolve().parent
+    check_writable(out.resolve().parent, f"--out {out}", "choose another --out")
+
+
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """Refuse, in one line naming ``what`` and the ``fix``, a ``folder`` (or the nearest existing folder above
+    it) that cannot be written: read-only file system, no permission. Checked by a real write."""
+    folder = Path(folder)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent  # the folders to be made are made in the nearest one that exists
     if not folder.is_dir():
-        raise BundleError(f"--out {out}: {folder} is a file, not a folder; choose another --out.")
+        raise BundleError(f"{what}: {folder} is a file, not a folder; {fix}.")
     try:  # permission bits say little for root or on read-only mounts: try a write
-        with tempfile.TemporaryFile(dir=folder, prefix=f".{out.name}.probe-"):
+        with tempfile.TemporaryFile(dir=folder, prefix=".specdec-probe-"):
             pass
     except OSError as e:
-        raise BundleError(f"--out {out}: {disk_problem(e, folder)}; choose another --out.") from None
+        raise BundleError(f"{what}: {disk_problem(e, folder)}; {fix}.") from None
 
 
 def disk_problem(e: OSError, where: Path | str, need: int | None = None) -> str:

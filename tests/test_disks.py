@@ -209,3 +209,18 @@ def test_the_default_capacity_is_the_models_positions_when_fewer_than_2048(tiny_
     res = run("train-draft", "--method", "eagle", "--target", tiny_llama_dir, "--out", tmp_path / "w", "--capacity",
               "513")  # fmt: skip
     assert res.exit_code == 2 and "512 positions" in error_lines(res)[0] and "--capacity 512" in error_lines(res)[0]
+
+
+def test_build_engines_into_a_read_only_bundle_is_one_line_before_tensorrt_loads(portable_bundle, tmp_path):
+    """build-engines writes into the bundle: a read-only one (a bundle on a read-only mount, a container
+    image) is refused first, with the fix, before TensorRT is needed (none is installed here)."""
+    import shutil
+
+    with tmpfs(tmp_path, "64m") as fs:
+        bundle = fs / "bundle"
+        shutil.copytree(portable_bundle, bundle)
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        res = run("build-engines", bundle, "--backend", "trt-rtx", "--compute-capability", "8.9")
+        assert res.exit_code == 2 and len(error_lines(res)) == 1, res.output
+        line = error_lines(res)[0]
+        assert "read-only" in line and "copy the bundle to a writable folder" in line, line

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from specdec_edge.bundle import MANIFEST, GraphSpec, read_manifest, sha256_file
+from specdec_edge.bundle_write import check_writable, disk_errors
 from specdec_edge.errors import ExportError, SpecdecError
 from specdec_edge.runtime.base import MAX_VERIFY
 from specdec_edge.runtime.prebuilt import SIDECAR_FORMAT, engine_dir_name, gpu_info
@@ -228,6 +229,8 @@ def build_engines(
                 f"the {m.role} graph is the {m.graph.flavour!r} flavour; TensorRT needs standard ops: "
                 "re-export with --flavour portable (and --dtype fp16)."
             )
+    # The engines go into the bundle: a read-only or unwritable one is refused before the library loads.
+    check_writable(root, f"bundle {root}", "copy the bundle to a writable folder and build there")
     version = import_library(library).__version__
     try:
         gpu = gpu_info()
@@ -237,9 +240,10 @@ def build_engines(
         gpu = None
     where = gpu["name"] if gpu else "cc-" + "-".join(compute_capabilities)
     folder = Path("trt") / engine_dir_name(where, version, library)
-    (root / folder).mkdir(parents=True, exist_ok=True)
-    # Build into a scratch folder; only finished engines move into the bundle.
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root / "trt"))
+    with disk_errors(root / folder):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        # Build into a scratch folder; only finished engines move into the bundle.
+        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root / "trt"))
     entries = []
     try:
         for m in models:
@@ -282,6 +286,9 @@ def build_engines(
                 )
         for item in staging.iterdir():
             os.replace(item, root / folder / item.name)
+    except OSError as e:  # a disk that fills up while the engines are built
+        with disk_errors(root / folder):
+            raise e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     register_engines(root, entries)
