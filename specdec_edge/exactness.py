@@ -28,7 +28,8 @@ trees not invariant                    logits; tree methods are refused (``--all
 not batch invariant                    plain only; speculation is refused (``--allow-inexact`` runs it)
 =====================================  ==================================================================
 
-Chains wider than ``max_width`` are cut to it (``Decision.max_width``); nothing wider was measured.
+The padding (``min_pass_width``), the widest pass (``max_width``: wider proposals are cut to it) and the
+key-count boundaries go to the engine (``runtime.verdicts.apply``; the decode loop asks ``Engine.max_rows``).
 """
 
 from __future__ import annotations
@@ -80,8 +81,6 @@ class Decision:
 
     speculate: bool  # proposals may be verified (False: plain steps only)
     trees: bool  # proposals may branch
-    min_width: int  # pad narrower passes to this many rows
-    max_width: int  # cut wider chains to this many rows (trees over it are refused)
     inexact: bool = False  # runs although its output may differ from plain decoding (allow_inexact)
     note: str | None = None  # logged once at load: what is only exact to float rounding, or inexact
 
@@ -107,13 +106,9 @@ def recorded_verdict(graph) -> Verdict:
 
 def trees_exact(verdict: Verdict, dtype: str) -> bool:
     """Whether token trees may be verified on this graph without ``allow_inexact`` (float graphs round a tree
-    row by ~1e-5 only, near-ties logged; quantized graphs need tree rows bit-identical)."""
+    row by ~1e-5 only, near-ties logged; quantized graphs need tree rows bit-identical). Exported heads record
+    their branching tree where this holds, else a chain (topk 1)."""
     return verdict.batch_invariant and (verdict.tree_invariant or dtype in FLOAT_DTYPES)
-
-
-def head_trees(verdict: Verdict, dtype: str) -> bool:
-    """Whether exported heads record their branching tree (True) or a chain (topk 1) for this graph."""
-    return trees_exact(verdict, dtype)
 
 
 def decide(
@@ -121,10 +116,9 @@ def decide(
 ) -> Decision:
     """May a method run on a graph with ``verdict``? ``speculative``: it proposes tokens; ``branches``: its
     proposals are token trees. Returns the ``Decision``, or raises ``SpecdecError`` naming the fixes."""
-    width, widest = verdict.min_pass_width, verdict.max_width
     where = _where(verdict)
     if not speculative:
-        return Decision(False, False, width, widest)
+        return Decision(False, False)
     if not verdict.batch_invariant:
         if not allow_inexact:
             raise SpecdecError(
@@ -133,7 +127,7 @@ def decide(
                 "bundle with this version of specdec-edge, or pass --allow-inexact (allow_inexact=True) to accept "
                 "the difference."
             )
-        return Decision(True, True, width, widest, True, f"INEXACT: the target is not batch invariant {where}")
+        return Decision(True, True, True, f"INEXACT: the target is not batch invariant {where}")
     if branches and not trees_exact(verdict, dtype):
         if not allow_inexact:
             raise SpecdecError(
@@ -142,16 +136,16 @@ def decide(
                 "plain decoding. Use a chain: method 'pld' or 'draft', or EAGLE/pld-eagle with -o topk=1 (what "
                 "such bundles record); or pass --allow-inexact (allow_inexact=True)."
             )
-        return Decision(True, True, width, widest, True, f"INEXACT: token trees round differently {where}")
+        return Decision(True, True, True, f"INEXACT: token trees round differently {where}")
     note = None
     if branches and not verdict.tree_invariant:
         note = f"token trees are exact to float rounding {where} (near-ties are logged)"
-    return Decision(True, trees_exact(verdict, dtype), width, widest, False, note)
+    return Decision(True, trees_exact(verdict, dtype), False, note)
 
 
 def trees_allowed(verdict: Verdict, dtype: str, allow_inexact: bool = False) -> bool:
     """Whether proposers may be built to branch (before one is built: ``decide`` checks what it proposes)."""
-    return trees_exact(verdict, dtype) or (allow_inexact and verdict.batch_invariant) or allow_inexact
+    return trees_exact(verdict, dtype) or allow_inexact
 
 
 def default_runs_plain(verdict: Verdict) -> bool:

@@ -34,7 +34,7 @@ def test_policy_matrix(dtype, allow):
     # plain always runs, padded as plain decoding is
     for v in (INVARIANT, CHAINS_ONLY, NOT_INVARIANT):
         d = decide(v, dtype, speculative=False, allow_inexact=allow)
-        assert (d.speculate, d.min_width, d.inexact) == (False, 2, False)
+        assert (d.speculate, d.trees, d.inexact) == (False, False, False)
     # an invariant graph: chains and trees, exactly
     for branches in (False, True):
         d = decide(INVARIANT, dtype, speculative=True, branches=branches, allow_inexact=allow)

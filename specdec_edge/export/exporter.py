@@ -17,7 +17,7 @@ from specdec_edge import __version__
 from specdec_edge.bundle import SCHEMA_VERSION, CacheSpec, GraphSpec
 from specdec_edge.bundle_write import StagingDir, disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
-from specdec_edge.exactness import head_trees, recorded_verdict
+from specdec_edge.exactness import recorded_verdict, trees_exact
 from specdec_edge.runtime.base import physical_memory
 
 # "gguf": a GGUF's own quantized blocks, kept as they are (export/gguf_blocks.py), the rest fp32.
@@ -204,7 +204,7 @@ def export_bundle(
             with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]
                 target_graph = specs["target"]["graph"]
-                chains = not head_trees(recorded_verdict(target_graph), dtype)
+                chains = not trees_exact(recorded_verdict(target_graph), dtype)
                 manifest["heads"] = export_heads(
                     heads,
                     embed,

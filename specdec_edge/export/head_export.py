@@ -26,7 +26,7 @@ from torch import nn
 from specdec_edge.bundle import read_manifest
 from specdec_edge.bundle_write import StagingDir
 from specdec_edge.errors import ExportError
-from specdec_edge.exactness import head_trees, recorded_verdict
+from specdec_edge.exactness import recorded_verdict, trees_exact
 from specdec_edge.export.head_onnx import TOP_K
 from specdec_edge.export.head_recipes import HeadRecipe, recipe_for
 from specdec_edge.export.heads_folder import load_heads
@@ -347,6 +347,6 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
         data = manifest.to_json()
         data.pop("files")
         graph = manifest.target.graph
-        chains = not head_trees(recorded_verdict(graph), graph.dtype)  # as `export --heads` records them
+        chains = not trees_exact(recorded_verdict(graph), graph.dtype)  # as `export --heads` records them
         data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, default, chains, graph.path)
         return staging.commit(data)
