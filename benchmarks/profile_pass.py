@@ -1,0 +1,193 @@
+"""Where one target pass's time goes: ONNX Runtime's profiler, per op type and per layer.
+
+Usage:
+  python benchmarks/profile_pass.py BUNDLE [BUNDLE ...] --contexts 256 1500 --widths 1 2 5 8 --prefill 256
+
+For each bundle and context, the cache is filled by a real chunked prefill of random tokens, then passes of
+each width S (and one prefill chunk of ``--prefill`` tokens) run ``--repeats`` times after 2 warm-ups through
+the runtime's own engine (so a 1-row pass runs padded to the bundle's minimum width, as in decoding). Each pass
+is rolled back. The profile's kernel times are assigned to the pass whose ``model_run`` they fall in.
+
+Prints Markdown tables: ms per pass by op type in the timed pass with the least wall time (load only adds),
+the whole pass (least and median wall of ``model_run``), and by part of the graph (the decoder layers, the LM
+head, the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+import specdec_edge.runtime.ort_engine as ort_engine
+from specdec_edge.bundle import read_manifest
+from specdec_edge.runtime.ort_engine import OrtEngine
+
+LAYER_REF = re.compile(r"(?:model\.layers|past_key_values)\.(\d+)\.")
+NODE_NAME = re.compile(r"n_[A-Za-z]+_\d+")  # export/graph.py's node names; fused nodes keep one of them
+
+
+def part_of(name: str, parts: dict[str, str]) -> str:
+    if name in parts:
+        return parts[name]
+    return next((parts[m] for m in NODE_NAME.findall(name) if m in parts), "other")
+
+
+def node_parts(model_path: Path) -> dict[str, str]:
+    """Node name -> "layers", "lm_head" or "other": the graph is emitted in order, so a node belongs to the
+    layer of the last node before it that read one of that layer's weights or cache."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    parts, where = {}, "other"
+    for node in model.graph.node:
+        refs = [m.group(1) for i in node.input if (m := LAYER_REF.match(i))]
+        if refs:
+            where = "layers"
+        elif where == "layers" and any(i == "model.norm.weight" for i in node.input):
+            where = "lm_head"  # the final norm and what follows it
+        parts[node.name] = where
+    return parts
+
+
+def profiled_engine(bundle: Path, threads: int, prefix: str) -> OrtEngine:
+    g = read_manifest(bundle).target.graph
+    plain = ort_engine.cpu_session_options
+
+    def with_profiling(*a, **k):
+        opts = plain(*a, **k)
+        opts.enable_profiling = True
+        opts.profile_file_prefix = prefix
+        return opts
+
+    ort_engine.cpu_session_options = with_profiling
+    try:
+        return OrtEngine(bundle / g.path, g, threads=threads)
+    finally:
+        ort_engine.cpu_session_options = plain
+
+
+def passes(events: list[dict]) -> list[tuple[float, float, list[dict]]]:
+    """(start, duration, its kernel events) of each ``model_run``, in order."""
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    kernels = sorted(
+        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
+    )
+    out, j = [], 0
+    for r in runs:
+        start, end, mine = r["ts"], r["ts"] + r["dur"], []
+        while j < len(kernels) and kernels[j]["ts"] < start:
+            j += 1
+        while j < len(kernels) and kernels[j]["ts"] <= end:
+            mine.append(kernels[j])
+            j += 1
+        out.append((start, r["dur"], mine))
+    return out
+
+
+def profile_bundle(bundle: Path, args) -> dict:
+    """{(context, label): {"wall": [ms], "ops": {op: ms per pass}, "parts": {part: ms per pass}}}."""
+    g = read_manifest(bundle).target.graph
+    parts = node_parts(bundle / g.path)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        engine = profiled_engine(bundle, args.threads, str(Path(tmp) / "p"))
+        labels = []  # one per session.run, in order: None (filling, warm-up) or (context, label)
+        for ctx in args.contexts:
+            engine.reset()
+            for start in range(0, ctx, 256):
+                chunk = rng.integers(0, g.vocab_size, min(256, ctx - start))
+                engine.run(chunk)
+                engine.commit(len(chunk))
+                labels.append(None)
+            cases = [(f"S={s}", s, 1) for s in args.widths] + (
+                [(f"P{args.prefill}", args.prefill, 1)] if args.prefill else []
+            )
+            for label, s, keep in cases:
+                ids = rng.integers(0, g.vocab_size, s)
+                for i in range(args.repeats + 2):
+                    engine.run(ids, logits_to_keep=keep if label.startswith("P") else None)
+                    labels.append((ctx, label) if i >= 2 else None)
+        profile = engine.session.end_profiling()
+        events = json.loads(Path(profile).read_text())
+    runs = passes(events)
+    if len(runs) != len(labels):
+        raise RuntimeError(f"{len(runs)} runs profiled, {len(labels)} made")
+    acc = defaultdict(lambda: {"wall": [], "ops": {}, "parts": {}})
+    for lab, (_, dur, kernels) in zip(labels, runs):
+        if lab is None:
+            continue
+        a = acc[lab]
+        a["wall"].append(dur / 1000)
+        if dur / 1000 > min(a["wall"]):
+            continue
+        # the breakdown of the least pass: a shared machine's noise only adds
+        ops, where = defaultdict(float), defaultdict(float)
+        for k in kernels:
+            ms = k["dur"] / 1000
+            ops[k["args"].get("op_name", "?")] += ms
+            where[part_of(k["name"].removesuffix("_kernel_time"), parts)] += ms
+        a["ops"], a["parts"] = dict(ops), dict(where)
+    return acc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundles", nargs="+", type=Path)
+    ap.add_argument("--contexts", nargs="+", type=int, default=[256, 1500])
+    ap.add_argument("--widths", nargs="+", type=int, default=[1, 2, 5, 8])
+    ap.add_argument("--prefill", type=int, default=256, help="tokens of the prefill chunk (0: none)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--top", type=int, default=12, help="op types listed (by time in the widest pass)")
+    ap.add_argument("--tmp", default=None, help="folder for the profiler's JSON files")
+    ap.add_argument("--json", type=Path, help="also write the measurements here")
+    args = ap.parse_args()
+    everything = {}
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    for bundle in args.bundles:
+        g = read_manifest(bundle).target.graph
+        acc = profile_bundle(bundle, args)
+        everything[bundle.name] = {f"{c}/{lab}": v for (c, lab), v in acc.items()}
+        cols = [k for k in acc]  # (context, label) in run order
+        head = " | ".join(f"{lab} @{c}" for c, lab in cols)
+        nodes = len(onnx.load(str(bundle / g.path), load_external_data=False).graph.node)
+        print(
+            f"\n#### {bundle.name} ({g.dtype}, {g.flavour}, {nodes} nodes, min pass width {g.min_pass_width}); "
+            "ms per pass\n"
+        )
+        print(f"| op type | {head} |")
+        print("|---|" + "---:|" * len(cols))
+        widest = max(cols, key=lambda c: sum(acc[c]["ops"].values()))
+        ops = sorted(acc[widest]["ops"], key=lambda o: -acc[widest]["ops"][o])
+        shown, rest = ops[: args.top], ops[args.top :]
+        for op in shown:
+            print(f"| {op} | " + " | ".join(f"{acc[c]['ops'].get(op, 0):.2f}" for c in cols) + " |")
+        if rest:
+            print(
+                "| (other ops) | "
+                + " | ".join(f"{sum(acc[c]['ops'].get(o, 0) for o in rest):.2f}" for c in cols)
+                + " |"
+            )
+        print("| **kernels, sum** | " + " | ".join(f"**{sum(acc[c]['ops'].values()):.2f}**" for c in cols) + " |")
+        print("| **pass (model_run, least)** | " + " | ".join(f"**{min(acc[c]['wall']):.2f}**" for c in cols) + " |")
+        print(
+            "| pass (model_run, median) | "
+            + " | ".join(f"{statistics.median(acc[c]['wall']):.2f}" for c in cols)
+            + " |"
+        )
+        for part in ("layers", "lm_head", "other"):
+            print(f"| part: {part} | " + " | ".join(f"{acc[c]['parts'].get(part, 0):.2f}" for c in cols) + " |")
+    print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=1, default=list))
+
+
+if __name__ == "__main__":
+    main()
