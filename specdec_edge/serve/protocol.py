@@ -14,8 +14,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from specdec_edge.pipeline import MAX_MESSAGES
 from specdec_edge.streaming import MAX_STOP_CHARS
+from specdec_edge.tokenizer import MAX_MESSAGES
 
 STATS_FIELD = "specdec_edge"
 MAX_STOPS = 4  # as OpenAI's API
