@@ -23,9 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import BundleError
 from specdec_edge.graph_refs import GraphFormatError, external_data_files
 from specdec_edge.user_cache import cache_dir
+from specdec_edge.values import is_int as _is_int
 
 SCHEMA_VERSION = 2  # 2: graphs record the export device's exactness verdict (``GraphSpec.verdict``)
 MANIFEST = "manifest.json"
@@ -310,10 +312,6 @@ def bundle_path(root: Path, rel: str, mpath: Path | None = None) -> Path:
     return path
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _positive_int(x) -> bool:
     return _is_int(x) and x > 0
 
@@ -527,9 +525,7 @@ class HashRecord:
         keep = dict(list(live.items())[-self.MAX_ENTRIES :])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(keep))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(keep))
         except OSError:
             pass
 

@@ -13,6 +13,7 @@ import click
 
 from specdec_edge import __version__
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.trt_libraries import ENGINE_KINDS
 from specdec_edge.speculative.methods import HEAD_METHODS, METHODS, available_methods
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -403,7 +404,7 @@ def verify(bundle):
     "--backend",
     "backends",
     multiple=True,
-    type=click.Choice(["trt", "tensorrt", "trt-rtx"]),
+    type=click.Choice(list(ENGINE_KINDS)),
     help="trt: TensorRT engine (provider 'trt'); tensorrt: ONNX Runtime EPContext model (provider "
     "'tensorrt'); trt-rtx: TensorRT-RTX engine for RTX GPUs (provider 'trt-rtx'). Repeatable; default: "
     "trt and tensorrt where TensorRT is installed, else trt-rtx.",

@@ -214,22 +214,9 @@ class OrtGpuEngine(Engine):
         spec = self.graph.cache
         for layer in range(spec.num_layers):
             for k, kind in enumerate(("key", "value")):
-                binding.bind_input(
-                    spec.input_name(layer, kind),
-                    self.device,
-                    0,
-                    self._dtype,
-                    self._buffer_shape,
-                    self._pointer(src, layer, k),
-                )
-                binding.bind_output(
-                    spec.output_name(layer, kind),
-                    self.device,
-                    0,
-                    self._dtype,
-                    self._buffer_shape,
-                    self._pointer(dst, layer, k),
-                )
+                buffer = (self.device, 0, self._dtype, self._buffer_shape)  # device, device id, dtype, shape
+                binding.bind_input(spec.input_name(layer, kind), *buffer, self._pointer(src, layer, k))
+                binding.bind_output(spec.output_name(layer, kind), *buffer, self._pointer(dst, layer, k))
         return binding
 
     def run(

@@ -22,7 +22,6 @@ TensorRT samples use). Libraries are imported when an engine is looked up or ope
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -30,12 +29,14 @@ from pathlib import Path
 from specdec_edge.bundle import GraphSpec, read_manifest
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.trt_libraries import (
+    KIND_BACKEND,
     KIND_LIBRARY,
     RTX_COMPUTE_CAPABILITIES,
     TENSORRT,
     TrtLibrary,
     import_library,
 )
+from specdec_edge.user_cache import cache_dir
 
 REBUILD = "rebuild with `specdec-edge build-engines BUNDLE` on this device"
 SIDECAR_FORMAT = 2  # what `build-engines` writes; a sidecar of any other format is refused (rebuild)
@@ -161,7 +162,7 @@ def find_prebuilt(
     candidates = [e for e in read_manifest(root).engines if e.get("role") == role and e.get("kind") == kind]
     if not candidates:
         if required:
-            backend = {"tensorrt": "trt", "ort-epcontext": "tensorrt", "tensorrt-rtx": "trt-rtx"}[kind]
+            backend = KIND_BACKEND[kind]
             raise BundleError(
                 f"bundle {root} has no {kind} engine for the {role} model; build one with "
                 f"`specdec-edge build-engines {root} --backend {backend}` on this device."
@@ -194,7 +195,7 @@ def find_prebuilt(
 
 def engine_cache_dir(root: Path, graph: GraphSpec) -> Path:
     """Per-user TensorRT EP engine cache for one graph (the bundle itself may be read-only)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-edge" / "trt-ep"
+    base = cache_dir() / "trt-ep"
     return base / (source_sha256(root, graph) or re.sub(r"\W+", "-", str(Path(root).resolve())))[:16]
 
 

@@ -214,10 +214,13 @@ class Method:
 
 # ---- the proposers' options (shared by the methods that combine them)
 
-PLD_OPTIONS = (
-    Option("max_ngram", "int", 3, "longest n-gram matched", low=1, high=64),
-    Option("min_ngram", "int", 1, "shortest n-gram matched", low=1, high=64),
-)
+
+def min_ngram(default: int) -> Option:
+    """The ``min_ngram`` option of prompt lookup (1 alone; 2 where another proposer takes the rest)."""
+    return Option("min_ngram", "int", default, "shortest n-gram matched", low=1, high=64)
+
+
+PLD_OPTIONS = (Option("max_ngram", "int", 3, "longest n-gram matched", low=1, high=64), min_ngram(1))
 LOOKAHEAD_OPTIONS = (
     Option("window", "int", 4, "Jacobi window columns", low=1, high=64),
     Option("ngram", "int", 3, "n-gram size of the pool", low=2, high=16),
@@ -313,7 +316,7 @@ _METHODS = (
         "each step, the proposer, width and tree with the most expected tokens per second on this device "
         "(or a plain step)",
         _auto,
-        (PLD_OPTIONS[0], Option("min_ngram", "int", 1, "shortest n-gram matched", low=1)),
+        PLD_OPTIONS,
         uses_heads=True,
         default_k=6,
     ),
@@ -355,7 +358,7 @@ _METHODS = (
         "pld-eagle",
         "prompt lookup where a 2+ token n-gram repeats, else the EAGLE head",
         _pld_eagle,
-        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1, high=64), *EAGLE_OPTIONS),
+        (PLD_OPTIONS[0], min_ngram(2), *EAGLE_OPTIONS),
         needs=("eagle",),
     ),
     Method(
@@ -369,7 +372,7 @@ _METHODS = (
         "pld-eagle3",
         "prompt lookup where a 2+ token n-gram repeats, else the EAGLE-3 head",
         _pld_eagle3,
-        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1), *EAGLE_OPTIONS),
+        (PLD_OPTIONS[0], min_ngram(2), *EAGLE_OPTIONS),
         needs=("eagle3",),
     ),
 )
