@@ -68,7 +68,7 @@ class Ours:
     def __init__(self, bundle: Path, threads: int, k: int, method: str | None = None):
         self.plain = Pipeline.load(bundle, method="plain", threads=threads)
         manifest = read_manifest(bundle)
-        method = method or default_method(False, manifest.heads, manifest.default_method)
+        method = method or default_method(manifest.default_method)
         self.spec = self.plain.with_method(method, k=k)
         self.name, self.spec_name = f"specdec-edge {manifest.target.graph.dtype}", f"{method} k={k}"
 

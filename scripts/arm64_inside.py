@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
 
     manifest = read_manifest(bundle)
     check_hashes(bundle, manifest)
-    methods = available_methods(manifest.draft is not None, manifest.heads or {})
+    methods = available_methods(manifest.draft is not None, manifest.heads)
     line("PASS", f"manifest and file sizes/hashes checked; methods offered: {', '.join(methods)}")
     prompts = PROMPTS[name]
     host = json.loads(host_json.read_text()) if host_json.is_file() else None

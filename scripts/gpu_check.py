@@ -32,7 +32,7 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.default_model import SHIPPED_HEADS
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.export.sources import cache_limits
-from specdec_edge.runtime import open_engine
+from specdec_edge.runtime.factory import open_engine
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",

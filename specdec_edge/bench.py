@@ -19,7 +19,6 @@ answer continuing its turn), and the report says so (``meta.prompt_format``). Li
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specdec_edge import __version__
+from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import describe
@@ -480,23 +480,6 @@ def check_output_path(path: str | Path, option: str) -> Path:
     except OSError as e:
         raise SpecdecError(f"{option} {out}: cannot write in {folder} ({e.strerror}); choose another path.") from None
     return out
-
-
-def write_atomic(path: str | Path, data: str | bytes | None = None, *, write=None) -> None:
-    """Write ``data`` (or call ``write(temp_path)``) to a temporary file beside ``path``, then rename it into
-    place: ``path`` is either the old file or the whole new one, never a partial write."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        if write is not None:
-            write(tmp)
-        else:
-            Path(tmp).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def plot_speedups(report: dict, out: str | Path) -> None:

@@ -23,9 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import BundleError
 from specdec_edge.graph_refs import GraphFormatError, external_data_files
 from specdec_edge.user_cache import cache_dir
+from specdec_edge.values import is_int as _is_int
 
 SCHEMA_VERSION = 2  # 2: graphs record the export device's exactness verdict (``GraphSpec.verdict``)
 MANIFEST = "manifest.json"
@@ -90,8 +92,8 @@ class GraphSpec:
     tree_invariant: bool = True
     verdict: dict = field(default_factory=dict)  # {"max_width", "device", "details"}
     # The graph reads the valid cache length from the attention bias's values, so the bias may span the whole
-    # capacity (later slots masked): every decode pass can then have one shape (CUDA graphs). Graphs exported
-    # before this (and the portable flavour, which slices the cache to the bias width) need past+S columns.
+    # capacity (later slots masked): every decode pass can then have one shape (CUDA graphs). The portable
+    # flavour, which slices the cache to the bias width, needs past+S columns.
     capacity_bias: bool = False
     inputs: tuple = ()
     outputs: tuple = ()
@@ -123,6 +125,18 @@ class TokenizerSpec:
 
 
 @dataclass(frozen=True)
+class HeadSpec:
+    """One trained draft head of a bundle (``Manifest.heads[method]``): its graph and what it was made with."""
+
+    graph: str  # relative to the bundle root
+    top_k: int  # candidates per row the graph returns
+    config: dict  # the head's architecture (hidden size, heads, draft vocabulary, feature layers, ...)
+    tree: dict = field(default_factory=dict)  # the tree settings the bundle records (HEAD_TREE_KEYS)
+    training: dict = field(default_factory=dict)  # the training summary
+    validation: dict = field(default_factory=dict)  # the export-time check against PyTorch
+
+
+@dataclass(frozen=True)
 class Manifest:
     schema_version: int
     exporter: dict
@@ -130,7 +144,7 @@ class Manifest:
     tokenizer: TokenizerSpec
     draft: ModelSpec | None = None
     files: dict = field(default_factory=dict)  # relpath -> {"sha256", "size"}
-    heads: dict | None = None  # trained draft heads: method -> graph, settings, training summary; "default"
+    heads: dict[str, HeadSpec] = field(default_factory=dict)  # trained draft heads by method (HEAD_SECTIONS)
     engines: list = field(default_factory=list)  # prebuilt TensorRT engines (runtime/prebuilt.py)
     default_method: str | None = None  # what a pipeline runs when none is asked for (else auto)
 
@@ -152,6 +166,11 @@ class Manifest:
             g["feature_layers"] = tuple(g.get("feature_layers", ()))
             return ModelSpec(**{**d, "graph": GraphSpec(**g)})
 
+        def heads(d: dict) -> dict[str, HeadSpec]:
+            if not isinstance(d, dict):
+                raise TypeError("heads is not an object")
+            return {m: HeadSpec(**s) if isinstance(s, dict) else s for m, s in d.items()}
+
         tok = dict(data["tokenizer"])
         tok["eos_token_ids"] = tuple(tok["eos_token_ids"])
         return cls(
@@ -161,7 +180,7 @@ class Manifest:
             draft=model(data.get("draft")),
             tokenizer=TokenizerSpec(**tok),
             files=data.get("files", {}),
-            heads=data.get("heads"),
+            heads=heads(data.get("heads") or {}),
             engines=list(data.get("engines", [])),
             default_method=data.get("default_method"),
         )
@@ -237,7 +256,7 @@ def read_manifest(bundle: Path | str, *, check_files: bool = True) -> Manifest:
 def graph_paths(manifest: Manifest) -> list[str]:
     """The ONNX graphs of a bundle: target, draft and head graphs (relative paths)."""
     paths = [m.graph.path for m in (manifest.target, manifest.draft) if m is not None]
-    paths += [h["graph"] for name, h in (manifest.heads or {}).items() if name != "default"]
+    paths += [h.graph for h in manifest.heads.values()]
     return paths
 
 
@@ -291,10 +310,6 @@ def bundle_path(root: Path, rel: str, mpath: Path | None = None) -> Path:
                 "Replace the link with the file itself."
             )
     return path
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _positive_int(x) -> bool:
@@ -382,17 +397,15 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
     need(isinstance(t.add_bos_token, bool), f"add_bos_token = {t.add_bos_token!r}")
     need(t.chat_template is None or isinstance(t.chat_template, str), "chat_template is not a string")
     need(isinstance(t.special_tokens, dict) and all(isinstance(k, str) for k in t.special_tokens), "special_tokens")
-    need(m.heads is None or isinstance(m.heads, dict), "heads is not an object")
-    for method, section in (m.heads or {}).items():
-        if method == "default":
-            need(isinstance(section, str), f"heads.default = {section!r}")
-            continue
+    for method, section in m.heads.items():
         need(method in HEAD_SECTIONS, f"unknown heads {method!r}")
-        need(isinstance(section, dict), f"heads.{method} is not an object")
-        listed(section.get("graph"), f"the {method} head graph")
-        need(_small(section.get("top_k"), 64), f"heads.{method}.top_k = {section.get('top_k')!r}")
-        config, tree = section.get("config"), section.get("tree", {})
+        need(isinstance(section, HeadSpec), f"heads.{method} is not an object")
+        listed(section.graph, f"the {method} head graph")
+        need(_small(section.top_k, 64), f"heads.{method}.top_k = {section.top_k!r}")
+        config, tree = section.config, section.tree
         need(isinstance(config, dict), f"heads.{method}.config is not an object")
+        for key in ("training", "validation"):
+            need(isinstance(getattr(section, key), dict), f"heads.{method}.{key} is not an object")
         for key in HEAD_SECTIONS[method]:
             need(_small(config.get(key), 1 << 16), f"heads.{method}.config.{key} = {config.get(key)!r}")
         if method == "eagle3":  # reads the target's layer features: the same layers, as a list
@@ -512,9 +525,7 @@ class HashRecord:
         keep = dict(list(live.items())[-self.MAX_ENTRIES :])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(keep))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(keep))
         except OSError:
             pass
 
@@ -554,13 +565,12 @@ def manifest_summary(manifest: Manifest) -> dict[str, Any]:
         "total_bytes": sum(e["size"] for e in manifest.files.values()),
         "heads": {
             m: {
-                "draft_vocab": h.get("config", {}).get("draft_vocab"),
-                "tree": h.get("tree", {}),
-                "training_tokens": h.get("training", {}).get("tokens"),
-                "max_rel_err": h.get("validation", {}).get("max_rel_err"),
+                "draft_vocab": h.config.get("draft_vocab"),
+                "tree": h.tree,
+                "training_tokens": h.training.get("tokens"),
+                "max_rel_err": h.validation.get("max_rel_err"),
             }
-            for m, h in (manifest.heads or {}).items()
-            if m != "default"
+            for m, h in manifest.heads.items()
         },
         "default_method": manifest.default_method or "auto",
     }

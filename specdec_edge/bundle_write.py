@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import MANIFEST, Manifest, file_table
 from specdec_edge.errors import BundleError
 
@@ -177,9 +178,7 @@ class StagingDir:
         data = dict(manifest_without_files)
         data["files"] = file_table(self.path)
         Manifest.from_json(data)  # the manifest must load before it is written
-        tmp = self.path / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-        os.replace(tmp, self.path / MANIFEST)
+        write_atomic(self.path / MANIFEST, json.dumps(data, indent=2, sort_keys=False) + "\n")
         if not self.force:
             # rename(2) replaces an empty folder but refuses a non-empty one: a bundle that another export
             # (or anyone) wrote to ``out`` since this one started is kept, and this one fails.

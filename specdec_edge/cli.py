@@ -13,7 +13,8 @@ import click
 
 from specdec_edge import __version__
 from specdec_edge.errors import SpecdecError
-from specdec_edge.speculative.methods import HEAD_METHODS, METHODS, available_methods, head_default_choices
+from specdec_edge.runtime.trt_libraries import ENGINE_KINDS
+from specdec_edge.speculative.methods import HEAD_METHODS, METHODS, available_methods
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -78,13 +79,6 @@ def main():
     "folder; implies --hidden-states (and the target layers EAGLE-3 heads read).",
 )
 @click.option(
-    "--heads-default",
-    type=click.Choice(head_default_choices()),
-    default=None,
-    help="The head method recorded with the heads (what `info` lists for them; runs when asked for or as a "
-    "--default-method). Default: pld-eagle with EAGLE heads, else pld-eagle3 with EAGLE-3 heads, else medusa.",
-)
-@click.option(
     "--default-method",
     type=click.Choice([m.name for m in METHODS.values() if not m.lossy]),
     default=None,
@@ -110,7 +104,6 @@ def export(
     capacity,
     hidden_states,
     heads,
-    heads_default,
     default_method,
     template_file,
     revision,
@@ -140,7 +133,6 @@ def export(
         capacity=capacity,
         hidden_states=hidden_states,
         heads=heads,
-        heads_default=heads_default,
         default_method=default_method,
         chat_template=read_chat_template(template_file) if template_file else None,
         force=force,
@@ -317,7 +309,7 @@ def info(bundle, as_json):
     manifest = read_manifest(bundle)
     check_hashes(bundle, manifest)  # what loading checks: a damaged file is named here too
     summary = manifest_summary(manifest)
-    summary["methods"] = available_methods(manifest.draft is not None, manifest.heads or {})
+    summary["methods"] = available_methods(manifest.draft is not None, manifest.heads)
     costs = costs_of_bundle(bundle)
     summary["step_costs"] = [c.to_json() for c in costs]
     summary["verdicts"] = [{**recorded_verdict(manifest.target.graph).to_json(), "measured": "at export"}]
@@ -412,7 +404,7 @@ def verify(bundle):
     "--backend",
     "backends",
     multiple=True,
-    type=click.Choice(["trt", "tensorrt", "trt-rtx"]),
+    type=click.Choice(list(ENGINE_KINDS)),
     help="trt: TensorRT engine (provider 'trt'); tensorrt: ONNX Runtime EPContext model (provider "
     "'tensorrt'); trt-rtx: TensorRT-RTX engine for RTX GPUs (provider 'trt-rtx'). Repeatable; default: "
     "trt and tensorrt where TensorRT is installed, else trt-rtx.",

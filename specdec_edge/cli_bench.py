@@ -128,6 +128,7 @@ def bench(
       specdec-edge bench bundles/smollm2 --methods plain,lookahead -o lookahead.window=3 -o lookahead.guesses=2
       specdec-edge bench bundles/heads --methods plain,medusa,medusa-typical --temperature 0.7
     """
+    from specdec_edge.atomic import write_atomic
     from specdec_edge.bench import (
         bundle_metadata,
         check_methods,
@@ -137,7 +138,6 @@ def bench(
         require_matplotlib,
         run_bench,
         to_markdown,
-        write_atomic,
     )
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline

@@ -40,7 +40,7 @@ def run_demo(
     bundle = default_bundle(dtype)
     pipe = Pipeline.load(bundle, method="plain", threads=threads)
     manifest = read_manifest(bundle)
-    method = method or default_method(False, manifest.heads, manifest.default_method)
+    method = method or default_method(manifest.default_method)
     method = "pld" if method == "plain" else method  # a bundle that records nothing: show prompt lookup
     spec = pipe.with_method(method, k=k)
     messages = [{"role": "user", "content": prompt or spec_bench_prompt()}]

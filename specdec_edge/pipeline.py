@@ -19,20 +19,21 @@ from specdec_edge.bundle import check_hashes, read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import Verdict, decide, default_runs_plain, describe, recorded_verdict, trees_allowed
 from specdec_edge.generation import EngineLease, Generation, closed_error
-from specdec_edge.runtime import Engine, open_engine
+from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_identity
+from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.costs import CostKey, device_costs
 from specdec_edge.speculative.features import FeatureTap
-from specdec_edge.speculative.methods import HEAD_METHODS, Resources, default_method, get_method
+from specdec_edge.speculative.methods import Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
-from specdec_edge.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, StopFilter, Stream, text_pieces
-from specdec_edge.tokenizer import MAX_MESSAGES, Tokenizer
+from specdec_edge.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, Stream, text_pieces
+from specdec_edge.tokenizer import Tokenizer
 
-__all__ = ["MAX_MESSAGES", "GenerationResult", "Pipeline", "StopFilter", "Stream"]
+__all__ = ["Pipeline"]
 log = logging.getLogger("specdec_edge")
 MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this many characters per token of the KV cache cannot fit
 
@@ -154,13 +155,11 @@ class Pipeline:
         root = Path(bundle)
         manifest = read_manifest(root)
         check_hashes(root, manifest)  # once per file version; a damaged file is named before ONNX Runtime reads it
-        heads = manifest.heads or {}
+        heads = manifest.heads
         chosen = method
-        method = method or default_method(manifest.draft is not None, heads, manifest.default_method)
+        method = method or default_method(manifest.default_method)
         cpu = check_threads(threads, spinning)
-        problem = get_method(method).missing(
-            manifest.draft is not None, [h for h in heads if h in HEAD_METHODS], f"bundle {root}"
-        )
+        problem = get_method(method).missing(manifest.draft is not None, list(heads), f"bundle {root}")
         if problem:  # before the engines load
             raise SpecdecError(problem)
         get_method(method).check_options(options)  # a bad option is named before the engines load, too

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
+from specdec_edge.values import is_int as _is_int
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def _is_number(x) -> bool:

@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.bundle import CacheSpec, GraphSpec, read_manifest, verify_bundle
 from specdec_edge.errors import BundleError
-from specdec_edge.runtime import OrtEngine
 from specdec_edge.runtime.base import PAD_TO
+from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine, compaction_model
 from specdec_edge.runtime.prebuilt import check_sidecar, find_prebuilt
 from specdec_edge.runtime.sessions import create_session, ort_package_conflict, session_options
@@ -99,9 +99,10 @@ def test_ort_flavour_is_refused_for_tensorrt(tmp_path, tiny_bundle):
 
 # ---- engine sidecars
 SIDECAR = {
-    "format": 1,
+    "format": 2,
     "file": "trt/x/target.plan",
-    "tensorrt_version": "10.3.0",
+    "library": "tensorrt",
+    "library_version": "10.3.0",
     "gpu": "Orin",
     "compute_capability": "8.7",
     "hardware_compatibility": "none",
@@ -336,7 +337,7 @@ def test_compaction_graph_is_valid_onnx_and_moves_slots_in_place(dtype):
 def drive(engine) -> list[np.ndarray]:
     """Prefill, a chain with rollback, a tree with compaction, then decoding after it (logits copied: an
     engine may reuse its output buffer in the next run)."""
-    from specdec_edge.runtime import causal_bias
+    from specdec_edge.runtime.base import causal_bias
 
     outs = [engine.run([5, 9, 17, 33, 2, 8, 41], logits_to_keep=1).logits.copy()]
     engine.commit(7)

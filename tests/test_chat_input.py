@@ -12,7 +12,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from specdec_edge import Pipeline, pipeline
+from specdec_edge import Pipeline, streaming
 from specdec_edge.cli import main
 
 
@@ -59,7 +59,7 @@ def test_a_line_that_is_not_utf8_is_reported_in_the_line_typed(tiny_bundle):
 @pytest.mark.parametrize("stop_at", [1, 2])  # before any text, and after the first piece
 def test_a_stopped_answer_is_not_kept_in_the_conversation(tiny_bundle, monkeypatch, stop_at):
     fresh = Pipeline.load(tiny_bundle, threads=1).generate([{"role": "user", "content": "again"}], max_new_tokens=12)
-    feed, calls = pipeline.StopFilter.feed, []
+    feed, calls = streaming.StopFilter.feed, []
 
     def interrupted(self, text):  # Ctrl-C arriving while the first answer streams
         calls.append(text)
@@ -67,7 +67,7 @@ def test_a_stopped_answer_is_not_kept_in_the_conversation(tiny_bundle, monkeypat
             raise KeyboardInterrupt
         return feed(self, text)
 
-    monkeypatch.setattr(pipeline.StopFilter, "feed", interrupted)
+    monkeypatch.setattr(streaming.StopFilter, "feed", interrupted)
     out = chat(tiny_bundle, "hello\nagain\n/exit\n")
     assert "[stopped]" in out and "(not kept in the conversation)" in out
     # The second answer is the one a conversation holding only "again" gets: "hello" was dropped with its answer.

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from specdec_edge import pipeline
+from specdec_edge import streaming
 from specdec_edge.cli import main
 
 
@@ -91,7 +91,7 @@ def test_chat_ends_on_eof_and_reports_overflow(tiny_bundle):
 
 
 def test_ctrl_c_stops_the_answer_not_the_chat(tiny_bundle, monkeypatch):
-    feed = pipeline.StopFilter.feed
+    feed = streaming.StopFilter.feed
     calls = []
 
     def interrupted(self, text):
@@ -100,7 +100,7 @@ def test_ctrl_c_stops_the_answer_not_the_chat(tiny_bundle, monkeypatch):
             raise KeyboardInterrupt
         return feed(self, text)
 
-    monkeypatch.setattr(pipeline.StopFilter, "feed", interrupted)
+    monkeypatch.setattr(streaming.StopFilter, "feed", interrupted)
     res = invoke("chat", tiny_bundle, "--max-new-tokens", "20", input="hello\nagain\n/exit\n")
     assert res.exit_code == 0, res.output
     assert "[stopped]" in res.output and res.output.count("tokens per target pass") == 2

@@ -11,7 +11,7 @@ import pytest
 
 from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest, verify_bundle
-from specdec_edge.runtime import OrtEngine
+from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 from tests.test_backends_cpu import drive
 

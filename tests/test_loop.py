@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from specdec_edge.bundle import read_manifest
-from specdec_edge.runtime import OrtEngine
+from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
 from specdec_edge.speculative.loop import GREEDY, decode, prefill

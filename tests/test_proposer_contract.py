@@ -124,10 +124,22 @@ def test_pld_eagle_proposes_by_both_branches(heads_bundle):
     output stays plain's."""
     plain = Pipeline.load(heads_bundle, method="plain", threads=1)
     pipe = plain.with_method("pld-eagle", k=K)
+    steps = {"first": 0, "second": 0}  # steps whose proposal each branch made
+    first, second = pipe.proposer.first.propose, pipe.proposer.second.propose
+
+    def by_first(context, k):
+        proposal = first(context, k)
+        steps["first"] += bool(len(proposal.tokens))
+        return proposal
+
+    def by_second(context, k):
+        steps["second"] += 1
+        return second(context, k)
+
+    pipe.proposer.first.propose, pipe.proposer.second.propose = by_first, by_second
     for prompt in (
         "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over",
         "speculative decoding verifies draft tokens",
     ):
         assert pipe.generate(prompt, max_new_tokens=40).token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
-    steps = pipe.proposer.steps_proposed
     assert steps["first"] > 0 and steps["second"] > 0, steps

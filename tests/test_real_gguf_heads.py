@@ -35,7 +35,7 @@ def test_add_heads_to_the_real_gguf_bundle(tmp_path_factory):
     out = add_heads(base, [EAGLE], work / "gguf-eagle")
     manifest = read_manifest(out)
     graph = manifest.target.graph
-    tree = manifest.heads["eagle"]["tree"]
+    tree = manifest.heads["eagle"].tree
     assert (tree.get("topk", 1) > 1) == trees_exact(recorded_verdict(graph), graph.dtype)
     plain = Pipeline.load(out, method="plain", threads=2)
     accepted = 0

@@ -18,10 +18,8 @@ from specdec_edge.speculative.methods import (
     HEAD_METHODS,
     METHODS,
     available_methods,
-    default_head_method,
     default_method,
     get_method,
-    head_default_choices,
     methods_table,
 )
 
@@ -36,8 +34,6 @@ def choices(command: str, option: str) -> list[str]:
 
 def test_cli_choices_come_from_the_registry():
     assert choices("generate", "method") == choices("chat", "method") == list(METHODS)
-    heads_defaults = ["eagle", "medusa", "pld-eagle", "eagle3", "pld-eagle3"]
-    assert choices("export", "heads_default") == head_default_choices() == heads_defaults
     assert set(choices("demo", "method")) == {"auto", "pld", "lookahead", "eagle", "pld-eagle"}
     assert check_methods(list(METHODS)) == list(METHODS)  # bench takes every method, plain first
     help_text = CliRunner().invoke(main, ["generate", "-h"]).output
@@ -92,7 +88,7 @@ def test_records_are_consistent():
 
 def test_requirements_and_defaults():
     assert available_methods(False, []) == ["plain", "auto", "pld", "lookahead"]
-    assert available_methods(True, ["eagle", "default"]) == [
+    assert available_methods(True, ["eagle"]) == [
         "plain",
         "auto",
         "draft",
@@ -104,18 +100,9 @@ def test_requirements_and_defaults():
     assert "has no draft model" in METHODS["draft"].missing(False, [])
     assert "train-draft --method medusa" in METHODS["medusa-typical"].missing(True, ["eagle"])
     # What a bundle runs when no method is asked for: one it can run, exactly; a recorded default wins.
-    for has_draft, heads in ((False, {}), (True, {}), (False, {"eagle": {}, "default": "pld-eagle"}), (False, None)):
-        method = default_method(has_draft, heads)
-        assert method in available_methods(has_draft, heads or {}) and not METHODS[method].lossy, (has_draft, heads)
-    assert default_method(False, {}, recorded="pld") == "pld"  # export --default-method
-    assert default_head_method(["eagle", "medusa"]) == "pld-eagle" and default_head_method(["medusa"]) == "medusa"
-    assert default_head_method(["eagle"], "eagle") == "eagle"
+    assert default_method() == "auto" and default_method("pld") == "pld"  # export --default-method
     assert available_methods(False, ["eagle3"]) == ["plain", "auto", "pld", "lookahead", "eagle3", "pld-eagle3"]
-    assert default_head_method(["eagle", "eagle3", "medusa"]) == "pld-eagle"  # measured faster on a CPU
-    assert default_head_method(["eagle3", "medusa"]) == "pld-eagle3"
     assert "train-draft --method eagle3" in METHODS["pld-eagle3"].missing(False, ["eagle"])
-    with pytest.raises(SpecdecError, match="choose one of medusa"):
-        default_head_method(["medusa"], "pld-eagle")
     with pytest.raises(SpecdecError, match="unknown method 'jacobi'; choose one of plain, auto, draft"):
         get_method("jacobi")
 

@@ -248,7 +248,7 @@ def test_lone_surrogates_and_bad_stop_values_are_clear_errors(pipe):
 
 
 def test_reports_are_written_whole_or_not_at_all(tmp_path):
-    from specdec_edge.bench import write_atomic
+    from specdec_edge.atomic import write_atomic
 
     path = tmp_path / "b.json"
     write_atomic(path, '{"old": 1}')

@@ -111,15 +111,15 @@ def own_tables(path, vocab: int, hidden: int) -> list[str]:
 def test_eagle_head_reads_the_target_table(heads_bundle):
     m = read_manifest(heads_bundle)
     graph, eagle = m.target.graph, m.heads["eagle"]
-    assert eagle["graph"] == "target/eagle_head.onnx"  # beside the target graph, whose data file it reads
-    head = onnx.load(str(heads_bundle / eagle["graph"]), load_external_data=False)
+    assert eagle.graph == "target/eagle_head.onnx"  # beside the target graph, whose data file it reads
+    head = onnx.load(str(heads_bundle / eagle.graph), load_external_data=False)
     table = next(i for i in head.graph.initializer if list(i.dims) == [graph.vocab_size, graph.hidden_size])
     target = onnx.load(str(heads_bundle / graph.path), load_external_data=False)
     embed = next(i for i in target.graph.initializer if i.name == "model.embed_tokens.weight")
     assert {e.key: e.value for e in table.external_data} == {e.key: e.value for e in embed.external_data}
-    assert not own_tables(heads_bundle / eagle["graph"], graph.vocab_size, graph.hidden_size)
+    assert not own_tables(heads_bundle / eagle.graph, graph.vocab_size, graph.hidden_size)
     assert not (heads_bundle / "heads" / "eagle.onnx").exists()
-    assert m.heads["medusa"]["graph"] == "heads/medusa.onnx"  # reads no embedding
+    assert m.heads["medusa"].graph == "heads/medusa.onnx"  # reads no embedding
 
 
 def test_add_heads_replaces_a_head_that_reads_the_target_table(heads_bundle, trained, tmp_path):
@@ -128,7 +128,7 @@ def test_add_heads_replaces_a_head_that_reads_the_target_table(heads_bundle, tra
 
     out = add_heads(heads_bundle, [trained / "eagle"], tmp_path / "again")
     m = read_manifest(out)
-    assert set(m.heads) == {"eagle", "default"} and m.heads["eagle"]["graph"] == "target/eagle_head.onnx"
+    assert set(m.heads) == {"eagle"} and m.heads["eagle"].graph == "target/eagle_head.onnx"
     assert not (out / "heads" / "medusa.onnx").exists()
     plain = Pipeline.load(out, method="plain", threads=1).generate("the quick brown", 16)
     assert Pipeline.load(out, method="eagle", threads=1).generate("the quick brown", 16).token_ids == plain.token_ids
@@ -146,6 +146,6 @@ def test_a_head_over_a_quantized_table_ships_its_own_copy_once(base_gemma_dir, t
     )
     m = read_manifest(out)
     graph = m.target.graph
-    assert m.heads["eagle"]["graph"] == "heads/eagle.onnx"
+    assert m.heads["eagle"].graph == "heads/eagle.onnx"
     assert len(own_tables(out / "heads" / "eagle.onnx", graph.vocab_size, graph.hidden_size)) == 1
     assert vocab_tables(out / graph.path, graph.vocab_size, graph.hidden_size) == ["model.embed_tokens.weight.q.T"]

@@ -63,11 +63,10 @@ def test_rtx_sidecar_mismatch_names_library_version_and_fix(sidecar, kwargs, mat
         check_sidecar(sidecar, **kwargs)
 
 
-def test_format_1_sidecars_are_tensorrt_engines():
+def test_sidecars_of_another_format_say_rebuild():
     old = {"format": 1, "file": "x.plan", "tensorrt_version": "10.3.0", "compute_capability": "8.7"}
-    check_sidecar(old, version="10.3.0", compute_capability="8.7", source_sha256=None)
-    with pytest.raises(BundleError, match="TensorRT engine and TensorRT-RTX cannot load it"):
-        check_sidecar(old, **{**here(), "source_sha256": None})
+    with pytest.raises(BundleError, match="unknown engine sidecar format 1; .*build-engines"):
+        check_sidecar(old, version="10.3.0", compute_capability="8.7", source_sha256=None)
 
 
 # ---- backend selection and its errors

@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import MANIFEST, GraphSpec, read_manifest, sha256_file
 from specdec_edge.bundle_write import check_writable, disk_errors
 from specdec_edge.errors import ExportError, SpecdecError
@@ -35,6 +36,7 @@ from specdec_edge.runtime.base import MAX_VERIFY
 from specdec_edge.runtime.prebuilt import SIDECAR_FORMAT, engine_dir_name, gpu_info
 from specdec_edge.runtime.sessions import create_session, session_options
 from specdec_edge.runtime.trt_libraries import (
+    ENGINE_KINDS,
     TENSORRT,
     TENSORRT_RTX,
     TrtLibrary,
@@ -44,12 +46,7 @@ from specdec_edge.runtime.trt_libraries import (
 )
 from specdec_edge.runtime.trt_profiles import shape_value_ranges, tensorrt_ep_options, tensorrt_profiles
 
-# backend -> (engine kind in the manifest, file suffix, library)
-KINDS = {
-    "trt": ("tensorrt", ".plan", TENSORRT),
-    "tensorrt": ("ort-epcontext", ".epctx.onnx", TENSORRT),
-    "trt-rtx": ("tensorrt-rtx", ".rtx.plan", TENSORRT_RTX),
-}
+KINDS = ENGINE_KINDS  # backend -> (engine kind in the manifest, file suffix, library)
 
 
 def default_backends() -> tuple:
@@ -183,9 +180,7 @@ def register_engines(root: Path, entries: list[dict]) -> None:
     for entry in entries:
         for rel in (entry["file"], entry["sidecar"]):
             data["files"][rel] = {"sha256": sha256_file(root / rel), "size": (root / rel).stat().st_size}
-    tmp = path.with_name(MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
     read_manifest(root)
 
 

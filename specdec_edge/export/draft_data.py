@@ -16,12 +16,12 @@ EAGLE-3 ``layer_features`` [T, n*H] fp16 (the residual streams entering the bund
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import ExportError
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
@@ -45,11 +45,6 @@ def prepare_bundle(target: str, out: Path, capacity: int | None, progress: bool,
         return Path(target)
     bundle = out / "target-bundle"
     if (bundle / "manifest.json").is_file():
-        if layers and not read_manifest(bundle).target.graph.feature_layers:
-            raise ExportError(
-                f"{bundle} (made by an older train-draft) has no layer_features output, which EAGLE-3 heads "
-                f"read; delete {bundle} and {out / 'data'}, or use a new --out."
-            )
         return bundle
     from specdec_edge.export.exporter import export_bundle
 
@@ -122,19 +117,16 @@ def _answer(pipe, texts: list[str], answer_tokens: int) -> tuple[list[tuple], in
 
 def _write_part(path: Path, seqs: list[tuple], width: int) -> None:
     """Sequences concatenated into one .npz (written aside, then renamed into place)."""
-    tmp = path.parent / (path.name + ".tmp.npz")
     arrays = {}
     if seqs and seqs[0][3] is not None:
         arrays["layer_features"] = np.concatenate([s[3] for s in seqs])
-    np.savez(
-        tmp,
+    arrays.update(
         ids=np.concatenate([s[0] for s in seqs] or [np.zeros(0, np.int32)]),
         features=np.concatenate([s[1] for s in seqs] or [np.zeros((0, width), np.float16)]),
         lengths=np.array([len(s[0]) for s in seqs], np.int64),
         answer_starts=np.array([s[2] for s in seqs]),
-        **arrays,
     )
-    os.replace(tmp, path)
+    write_atomic(path, write=lambda tmp: np.savez(tmp, **arrays), suffix=".tmp.npz")
 
 
 def _read_part(path: Path, layers: bool = False) -> list[dict]:

@@ -98,7 +98,6 @@ def export_bundle(
     hidden_states: bool = False,
     feature_layers: tuple = (),
     heads: tuple = (),
-    heads_default: str | None = None,
     default_method: str | None = None,
     chat_template: str | None = None,
     force: bool = False,
@@ -113,8 +112,8 @@ def export_bundle(
     (``layer_features``, what EAGLE-3 heads read); "default": EAGLE-3's low, middle and high layers
     (``head_modules.default_feature_layers``). EAGLE-3 heads in ``heads`` set them.
     ``heads``: trained heads folders (``train-draft``) to add as graphs; implies ``hidden_states``.
-    ``heads_default``: the method such a bundle runs by default (default: pld-eagle with EAGLE heads).
-    ``default_method``: the method any bundle runs by default (an exact method it can run; overrides the heads').
+    ``default_method``: the method the bundle runs when none is asked for (an exact method it can run; default:
+    none recorded, so auto).
     ``chat_template``: a Jinja chat template to store instead of the tokenizer's own (base models have none).
     """
     if dtype not in DTYPES:
@@ -210,7 +209,6 @@ def export_bundle(
                     embed,
                     tgt.decoder.weights.get("lm_head.weight", embed),
                     staging.path,
-                    heads_default,
                     chains,
                     target_graph=target_graph["path"],
                 )

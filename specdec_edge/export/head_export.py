@@ -30,7 +30,6 @@ from specdec_edge.exactness import recorded_verdict, trees_exact
 from specdec_edge.export.head_onnx import TOP_K
 from specdec_edge.export.head_recipes import HeadRecipe, recipe_for
 from specdec_edge.export.heads_folder import load_heads
-from specdec_edge.speculative.methods import default_head_method
 
 TOLERANCE = 1e-3  # max |onnx - torch| of predicted features / log-probs, relative to their scale
 
@@ -103,14 +102,12 @@ def export_heads(
     embed: np.ndarray,
     lm_head: np.ndarray,
     root: Path,
-    default: str | None = None,
     chains: bool = False,
     target_graph: str | None = None,
 ) -> dict:
     """Build and validate a graph per heads folder under ``root/heads``; the manifest's ``heads`` section.
 
-    ``embed`` and ``lm_head``: the target's [V, H] weights. ``default``: the method a pipeline
-    uses when none is asked for (the registry's ``default_head_method``: pld-eagle with EAGLE heads).
+    ``embed`` and ``lm_head``: the target's [V, H] weights.
     ``chains``: record one-branch tree settings (the target verifies only chains bit for bit).
     ``target_graph``: the target graph's path in the bundle; head graphs that embed tokens read its float
     embedding table, if it has one, instead of a copy of their own.
@@ -139,7 +136,6 @@ def export_heads(
         }
     if not any((root / "heads").iterdir()):  # every head graph reads the target's table
         (root / "heads").rmdir()
-    section["default"] = default_head_method(list(section), default)  # the policy lives in the method registry
     return section
 
 
@@ -315,7 +311,7 @@ def target_final_norm(bundle: Path) -> np.ndarray | None:
     return None
 
 
-def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = False, default: str | None = None) -> Path:
+def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = False) -> Path:
     """Write a copy of ``bundle`` with head graphs at ``out`` (staged, then renamed into place)."""
     bundle, out = Path(bundle), Path(out)
     manifest = read_manifest(bundle)
@@ -335,7 +331,7 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
     if out.resolve() == bundle.resolve():
         raise ExportError("--out must differ from the source bundle; the new bundle is written beside it.")
     embed, lm_head = target_weights(bundle)
-    old_heads = {h["graph"] for m, h in (manifest.heads or {}).items() if m != "default"}
+    old_heads = {h.graph for h in manifest.heads.values()}
     old_heads |= {g + ".data" for g in old_heads}
     with StagingDir(out, force) as staging:
         for rel in manifest.files:
@@ -348,5 +344,5 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
         data.pop("files")
         graph = manifest.target.graph
         chains = not trees_exact(recorded_verdict(graph), graph.dtype)  # as `export --heads` records them
-        data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, default, chains, graph.path)
+        data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, chains, graph.path)
         return staging.commit(data)

@@ -16,7 +16,6 @@ The losses and default epochs of each method are in its recipe (``head_recipes.p
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import Manifest, read_manifest
 from specdec_edge.bundle_write import disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
@@ -172,18 +172,14 @@ class Checkpoint:
 
     def save(self, t: Training) -> None:
         """Write ``t``'s state (the head's own weights, not the frozen target's)."""
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(
-            {
-                "settings": self.settings,
-                "step": t.step,
-                "head": trainable_state(t.head),
-                "optimizer": t.optimizer.state_dict(),
-                "schedule": t.schedule.state_dict(),
-            },
-            tmp,
-        )
-        os.replace(tmp, self.path)
+        state = {
+            "settings": self.settings,
+            "step": t.step,
+            "head": trainable_state(t.head),
+            "optimizer": t.optimizer.state_dict(),
+            "schedule": t.schedule.state_dict(),
+        }
+        write_atomic(self.path, write=lambda tmp: torch.save(state, tmp))
 
 
 def run_training(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_edge.bundle import HeadSpec
 from specdec_edge.errors import BundleError
 from specdec_edge.runtime.sessions import create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
@@ -35,11 +36,11 @@ SHAPES = {
 class HeadGraph:
     """One head graph of a bundle in its own ONNX Runtime session, with its manifest settings."""
 
-    def __init__(self, path: Path, section: dict, cpu: CpuThreads = DEFAULT_THREADS, method: str | None = None):
+    def __init__(self, path: Path, section: HeadSpec, cpu: CpuThreads = DEFAULT_THREADS, method: str | None = None):
         self.session = create_session(path, cpu_session_options(cpu), "cpu")
-        self.config = section["config"]  # the head's architecture (hidden size, heads, draft vocabulary, ...)
-        self.top_k = int(section["top_k"])  # candidates per row the graph returns
-        self.defaults = dict(section.get("tree", {}))  # tree settings the bundle was measured with
+        self.config = section.config  # the head's architecture (hidden size, heads, draft vocabulary, ...)
+        self.top_k = int(section.top_k)  # candidates per row the graph returns
+        self.defaults = dict(section.tree)  # tree settings the bundle was measured with
         if method in SHAPES:
             self._check(path, SHAPES[method])
 
@@ -64,6 +65,6 @@ class HeadGraph:
         return self.session.run(None, inputs)
 
 
-def load_head_graphs(root: Path, heads: dict | None, cpu: CpuThreads = DEFAULT_THREADS) -> dict[str, HeadGraph]:
+def load_head_graphs(root: Path, heads: dict[str, HeadSpec], cpu: CpuThreads = DEFAULT_THREADS) -> dict[str, HeadGraph]:
     """``{"eagle": HeadGraph, "medusa": HeadGraph}`` for the heads a bundle's manifest lists."""
-    return {m: HeadGraph(Path(root) / s["graph"], s, cpu, m) for m, s in (heads or {}).items() if m != "default"}
+    return {m: HeadGraph(Path(root) / s.graph, s, cpu, m) for m, s in heads.items()}

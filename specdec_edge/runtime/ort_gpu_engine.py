@@ -214,22 +214,9 @@ class OrtGpuEngine(Engine):
         spec = self.graph.cache
         for layer in range(spec.num_layers):
             for k, kind in enumerate(("key", "value")):
-                binding.bind_input(
-                    spec.input_name(layer, kind),
-                    self.device,
-                    0,
-                    self._dtype,
-                    self._buffer_shape,
-                    self._pointer(src, layer, k),
-                )
-                binding.bind_output(
-                    spec.output_name(layer, kind),
-                    self.device,
-                    0,
-                    self._dtype,
-                    self._buffer_shape,
-                    self._pointer(dst, layer, k),
-                )
+                buffer = (self.device, 0, self._dtype, self._buffer_shape)  # device, device id, dtype, shape
+                binding.bind_input(spec.input_name(layer, kind), *buffer, self._pointer(src, layer, k))
+                binding.bind_output(spec.output_name(layer, kind), *buffer, self._pointer(dst, layer, k))
         return binding
 
     def run(
@@ -291,8 +278,8 @@ def check_fixed_shape(graph: GraphSpec, provider: str, cuda_graph: bool, fixed: 
     if not graph.capacity_bias:
         raise SpecdecError(
             f"this bundle's {graph.flavour!r} graph takes its attention bias only as wide as the tokens it attends "
-            "to, so its decode passes cannot keep one shape (needed for CUDA graphs). Re-export it with this "
-            "version (--flavour ort, --dtype fp16), or load it without cuda_graph."
+            "to, so its decode passes cannot keep one shape (needed for CUDA graphs). Export the model with "
+            "--flavour ort (e.g. --dtype fp16), or load it without cuda_graph."
         )
     if pad_to <= 0:
         raise SpecdecError("fixed-shape passes (CUDA graphs) pad every decode pass to pad_to rows: use pad_to > 0.")

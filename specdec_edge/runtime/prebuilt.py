@@ -12,7 +12,7 @@ Each sidecar records the library and version that built the engine (``library``,
 precision, the optimization profile and the source graph's sha256. A serialized engine runs only
 under the library and version that built it, on a compute capability it was built for (or, with a
 TensorRT hardware-compatibility level, on Ampere and newer); a mismatch is an error that says so
-and says to rebuild. Sidecars of format 1 (before TensorRT-RTX) name only ``tensorrt_version``.
+and says to rebuild.
 
 The ``trt`` and ``trt-rtx`` backends (``tensorrt_engine.py``) also need ``cuda-python``
 (``from cuda.bindings import runtime``, or ``from cuda import cudart`` in older releases, as the
@@ -22,7 +22,6 @@ TensorRT samples use). Libraries are imported when an engine is looked up or ope
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -30,15 +29,17 @@ from pathlib import Path
 from specdec_edge.bundle import GraphSpec, read_manifest
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.trt_libraries import (
+    KIND_BACKEND,
     KIND_LIBRARY,
     RTX_COMPUTE_CAPABILITIES,
     TENSORRT,
     TrtLibrary,
     import_library,
 )
+from specdec_edge.user_cache import cache_dir
 
 REBUILD = "rebuild with `specdec-edge build-engines BUNDLE` on this device"
-SIDECAR_FORMAT = 2  # 1: TensorRT only ("tensorrt_version"); 2: "library" and "library_version"
+SIDECAR_FORMAT = 2  # what `build-engines` writes; a sidecar of any other format is refused (rebuild)
 
 
 def import_cudart():
@@ -89,13 +90,6 @@ def engine_dir_name(gpu_name: str, version: str, library: TrtLibrary = TENSORRT)
     return f"{slug}_{'' if library is TENSORRT else 'rtx-'}{version}"
 
 
-def sidecar_library(sidecar: dict) -> tuple[str, str | None]:
-    """(library name, version) an engine was built with; format-1 sidecars are TensorRT's."""
-    if sidecar.get("format") == 1:
-        return TENSORRT.name, sidecar.get("tensorrt_version")
-    return sidecar.get("library", "?"), sidecar.get("library_version")
-
-
 def check_sidecar(
     sidecar: dict,
     *,
@@ -106,9 +100,9 @@ def check_sidecar(
 ) -> None:
     """Raise BundleError unless an engine with ``sidecar`` can run here, under ``library`` ``version``."""
     name = sidecar.get("file", "engine")
-    if sidecar.get("format") not in (1, SIDECAR_FORMAT):
+    if sidecar.get("format") != SIDECAR_FORMAT:
         raise BundleError(f"{name}: unknown engine sidecar format {sidecar.get('format')!r}; {REBUILD}.")
-    built_lib, built_version = sidecar_library(sidecar)
+    built_lib, built_version = sidecar.get("library", "?"), sidecar.get("library_version")
     titles = {"tensorrt": "TensorRT", "tensorrt-rtx": "TensorRT-RTX"}
     built_title = titles.get(built_lib, built_lib)
     if built_lib != library.name:
@@ -168,7 +162,7 @@ def find_prebuilt(
     candidates = [e for e in read_manifest(root).engines if e.get("role") == role and e.get("kind") == kind]
     if not candidates:
         if required:
-            backend = {"tensorrt": "trt", "ort-epcontext": "tensorrt", "tensorrt-rtx": "trt-rtx"}[kind]
+            backend = KIND_BACKEND[kind]
             raise BundleError(
                 f"bundle {root} has no {kind} engine for the {role} model; build one with "
                 f"`specdec-edge build-engines {root} --backend {backend}` on this device."
@@ -201,7 +195,7 @@ def find_prebuilt(
 
 def engine_cache_dir(root: Path, graph: GraphSpec) -> Path:
     """Per-user TensorRT EP engine cache for one graph (the bundle itself may be read-only)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-edge" / "trt-ep"
+    base = cache_dir() / "trt-ep"
     return base / (source_sha256(root, graph) or re.sub(r"\W+", "-", str(Path(root).resolve())))[:16]
 
 

@@ -9,7 +9,6 @@ where TensorRT-RTX differs (JIT kernels, runtime cache) see ``trt_libraries.py``
 from __future__ import annotations
 
 import hashlib
-import os
 import weakref
 from pathlib import Path
 
@@ -20,11 +19,12 @@ from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step
 from specdec_edge.runtime.prebuilt import REBUILD, cuda_check, find_prebuilt, import_cudart
 from specdec_edge.runtime.trt_libraries import LIBRARIES, TENSORRT, check_rtx_engine, import_library, rtx_context
+from specdec_edge.user_cache import cache_dir
 
 
 def runtime_cache_path(plan: bytes) -> Path:
     """Where TensorRT-RTX keeps the kernels it compiled for one engine (the bundle may be read-only)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec-edge" / "trt-rtx"
+    base = cache_dir() / "trt-rtx"
     return base / f"{hashlib.sha256(plan).hexdigest()[:16]}.cache"
 
 

@@ -9,7 +9,7 @@ that built it. TensorRT-RTX has TensorRT's API with these documented differences
   (``IBuilderConfig.set_compute_capability``; ``CURRENT`` = the GPU of this machine), also on a
   machine without a GPU. Kernels are compiled just in time when the engine runs.
 * A runtime cache (``IRuntimeConfig.set_runtime_cache``) keeps those JIT-compiled kernels across
-  runs; it is stored per engine under ``~/.cache/specdec-edge/trt-rtx/``.
+  runs; it is stored per engine under ``<user cache>/trt-rtx/`` (``user_cache.cache_dir``).
 * Strongly typed networks only: no FP16/INT8 builder flags and no implicit (calibrated) INT8;
   precision comes from the graph's own types, quantization only as explicit Q/DQ nodes. Our
   portable fp16/fp32 graphs need neither.
@@ -30,6 +30,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import BundleError, SpecdecError
 
 
@@ -63,8 +64,16 @@ TENSORRT_RTX = TrtLibrary(
     "pip install 'specdec-edge[trt-rtx]' (the tensorrt-rtx wheels, for RTX GPUs)",
 )
 LIBRARIES = {lib.backend: lib for lib in (TENSORRT, TENSORRT_RTX)}
-# manifest engine kind -> the library that runs it (EPContext models embed a full TensorRT engine)
-KIND_LIBRARY = {"tensorrt": TENSORRT, "ort-epcontext": TENSORRT, "tensorrt-rtx": TENSORRT_RTX}
+# The one table of prebuilt engines: `build-engines` backend (the provider that runs it) -> (engine kind in the
+# manifest, file suffix, library). The ``tensorrt`` backend is ONNX Runtime's EPContext model, which embeds a
+# full TensorRT engine.
+ENGINE_KINDS = {
+    "trt": (TENSORRT.engine_kind, TENSORRT.suffix, TENSORRT),
+    "tensorrt": ("ort-epcontext", ".epctx.onnx", TENSORRT),
+    "trt-rtx": (TENSORRT_RTX.engine_kind, TENSORRT_RTX.suffix, TENSORRT_RTX),
+}
+KIND_LIBRARY = {kind: library for kind, _, library in ENGINE_KINDS.values()}  # manifest kind -> its library
+KIND_BACKEND = {kind: backend for backend, (kind, _, _) in ENGINE_KINDS.items()}  # manifest kind -> backend
 # TensorRT-RTX 1.7's build targets (its ComputeCapability enum), for messages where the module is absent
 RTX_COMPUTE_CAPABILITIES = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
 
@@ -137,8 +146,6 @@ def rtx_context(trt, engine, cache_path: Path):
 
     def save() -> None:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_bytes(bytes(cache.serialize()))
-        tmp.replace(cache_path)
+        write_atomic(cache_path, bytes(cache.serialize()))
 
     return context, save

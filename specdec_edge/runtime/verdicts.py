@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.exactness import Verdict
 from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_key
@@ -310,13 +310,10 @@ def load_verdict(path: Path, digest: str, graph_path: str, device: dict) -> Verd
 def save_verdict(path: Path, digest: str, graph_path: str, verdict: Verdict) -> Path | None:
     """Write the verdict atomically; None (and nothing written) where the cache cannot be written."""
     data = {"format": VERDICT_FORMAT, "bundle": digest, "graph": graph_path, "verdict": verdict.to_json()}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1))
     except OSError:
-        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
         return None
     return path
 

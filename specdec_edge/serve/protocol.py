@@ -14,8 +14,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from specdec_edge.pipeline import MAX_MESSAGES
 from specdec_edge.streaming import MAX_STOP_CHARS
+from specdec_edge.tokenizer import MAX_MESSAGES
+from specdec_edge.values import is_int as _is_int
 
 STATS_FIELD = "specdec_edge"
 MAX_STOPS = 4  # as OpenAI's API
@@ -102,10 +103,6 @@ class CompletionRequest:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:

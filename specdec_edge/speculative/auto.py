@@ -88,7 +88,6 @@ class AutoProposer(Proposer):
         self.window: deque = deque(maxlen=GUARD_WINDOW)  # (tokens, seconds) of recent steps
         self.plain_until = 0  # the guard's plain steps run until this step
         self.backoff = PLAIN_BACKOFF[0]
-        self.trips = 0  # times the guard switched to plain steps (for reports)
         self.fixed = False  # seeded sampling: a fixed rule instead of measured choices (``prefill``)
         self._chosen: _Option | None = None
         self._returned: Proposal | None = None
@@ -242,7 +241,6 @@ class AutoProposer(Proposer):
         if tokens / seconds < self.plain_rate(context):
             self.plain_until = self.step + self.backoff
             self.backoff = min(2 * self.backoff, PLAIN_BACKOFF[1])
-            self.trips += 1
             self.window.clear()
         elif self.step >= self.plain_until + GUARD_WINDOW:
             self.backoff = PLAIN_BACKOFF[0]  # a whole window at or above plain since the last trip

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_edge.atomic import write_atomic
 from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_name
 from specdec_edge.speculative.loop import decode, prefill
@@ -222,16 +222,10 @@ def save_costs(key: CostKey, model: CostModel) -> Path | None:
     """Write ``model`` for ``key`` atomically (a temp file renamed into place); None where the cache cannot be
     written (a read-only home, a full disk, a directory in the way): the costs are then measured next time."""
     path = cost_path(key)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(model.to_json(), indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(model.to_json(), indent=1))
     except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         return None
     return path
 

@@ -214,10 +214,13 @@ class Method:
 
 # ---- the proposers' options (shared by the methods that combine them)
 
-PLD_OPTIONS = (
-    Option("max_ngram", "int", 3, "longest n-gram matched", low=1, high=64),
-    Option("min_ngram", "int", 1, "shortest n-gram matched", low=1, high=64),
-)
+
+def min_ngram(default: int) -> Option:
+    """The ``min_ngram`` option of prompt lookup (1 alone; 2 where another proposer takes the rest)."""
+    return Option("min_ngram", "int", default, "shortest n-gram matched", low=1, high=64)
+
+
+PLD_OPTIONS = (Option("max_ngram", "int", 3, "longest n-gram matched", low=1, high=64), min_ngram(1))
 LOOKAHEAD_OPTIONS = (
     Option("window", "int", 4, "Jacobi window columns", low=1, high=64),
     Option("ngram", "int", 3, "n-gram size of the pool", low=2, high=16),
@@ -313,7 +316,7 @@ _METHODS = (
         "each step, the proposer, width and tree with the most expected tokens per second on this device "
         "(or a plain step)",
         _auto,
-        (PLD_OPTIONS[0], Option("min_ngram", "int", 1, "shortest n-gram matched", low=1)),
+        PLD_OPTIONS,
         uses_heads=True,
         default_k=6,
     ),
@@ -355,7 +358,7 @@ _METHODS = (
         "pld-eagle",
         "prompt lookup where a 2+ token n-gram repeats, else the EAGLE head",
         _pld_eagle,
-        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1, high=64), *EAGLE_OPTIONS),
+        (PLD_OPTIONS[0], min_ngram(2), *EAGLE_OPTIONS),
         needs=("eagle",),
     ),
     Method(
@@ -369,13 +372,11 @@ _METHODS = (
         "pld-eagle3",
         "prompt lookup where a 2+ token n-gram repeats, else the EAGLE-3 head",
         _pld_eagle3,
-        (PLD_OPTIONS[0], Option("min_ngram", "int", 2, "shortest n-gram matched", low=1), *EAGLE_OPTIONS),
+        (PLD_OPTIONS[0], min_ngram(2), *EAGLE_OPTIONS),
         needs=("eagle3",),
     ),
 )
 METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
-# Exact head methods a bundle may name as its default, fastest measured on a CPU first (docs/PERFORMANCE.md).
-HEAD_DEFAULT_PREFERENCE = ("pld-eagle", "pld-eagle3", "medusa", "eagle", "eagle3")
 
 
 def get_method(name: str) -> Method:
@@ -391,31 +392,11 @@ def available_methods(has_draft: bool, heads: Iterable[str]) -> list[str]:
     return [m.name for m in METHODS.values() if m.missing(has_draft, heads) is None]
 
 
-def default_method(has_draft: bool, heads_section: Mapping | None, recorded: str | None = None) -> str:
+def default_method(recorded: str | None = None) -> str:
     """The method a bundle runs when none is asked for: the one its manifest records (``recorded``, from
-    `export --default-method`), else ``auto``, which runs whatever the bundle has (prompt lookup at least)."""
+    `export --default-method`), else ``auto``, which runs whatever the bundle has (heads and draft model
+    included; prompt lookup at least)."""
     return recorded or "auto"
-
-
-def head_default_choices(heads: Iterable[str] | None = None) -> list[str]:
-    """Exact methods that run on trained heads alone (of ``heads``, when given): what a bundle may default to."""
-    heads = set(HEAD_METHODS if heads is None else heads)
-    return [m.name for m in METHODS.values() if m.needs and not m.lossy and set(m.needs) <= heads]
-
-
-def default_head_method(heads: Iterable[str], requested: str | None = None) -> str:
-    """The default method recorded in a bundle with these heads: ``requested`` if they can run it, else the
-    first of ``HEAD_DEFAULT_PREFERENCE`` they can."""
-    choices = head_default_choices(heads)
-    if not choices:
-        raise SpecdecError("no trained heads were given; a bundle's default head method needs EAGLE or Medusa heads.")
-    if requested is None:
-        requested = next(m for m in HEAD_DEFAULT_PREFERENCE if m in choices)
-    if requested not in choices:
-        raise SpecdecError(
-            f"default head method {requested!r} needs heads that were not given; choose one of {', '.join(choices)}."
-        )
-    return requested
 
 
 def methods_table() -> str:

@@ -117,13 +117,6 @@ def lookahead_predictor() -> Predictor:
     return NodeRates(key=key, prior=lambda p, proposer, i: 0.3 ** node_depths(p)[i], truncatable=False)
 
 
-def chain_predictor() -> Predictor:
-    """Any other proposer without its own probabilities: a rate per (source, depth)."""
-    return NodeRates(
-        key=lambda p, proposer, i: (p.source, int(node_depths(p)[i])), prior=lambda p, proposer, i: 0.4 ** (i + 1)
-    )
-
-
 def _later_siblings(proposal: Proposal) -> set[int]:
     """Nodes that are not the first child of their parent."""
     if proposal.parents is None:

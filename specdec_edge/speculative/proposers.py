@@ -96,7 +96,6 @@ class FirstOfProposer(Proposer):
     def __init__(self, first: Proposer, second: Proposer):
         self.first, self.second = first, second
         self.branches = first.branches or second.branches
-        self.steps_proposed = {"first": 0, "second": 0}  # steps whose proposal each one made (for reports)
 
     def prefill(self, prompt, params, rng) -> None:
         self.first.prefill(prompt, params, rng)
@@ -105,9 +104,7 @@ class FirstOfProposer(Proposer):
     def propose(self, context, k) -> Proposal:
         proposal = self.first.propose(context, k)
         if len(proposal.tokens):
-            self.steps_proposed["first"] += 1
             return proposal
-        self.steps_proposed["second"] += 1
         return self.second.propose(context, k)
 
     def observe(self, proposal: Proposal, logits: np.ndarray, hidden: np.ndarray | None = None) -> None:
