@@ -278,7 +278,7 @@ def check_fixed_shape(graph: GraphSpec, provider: str, cuda_graph: bool, fixed: 
     if not graph.capacity_bias:
         raise SpecdecError(
             f"this bundle's {graph.flavour!r} graph takes its attention bias only as wide as the tokens it attends "
-            "to, so its decode passes cannot keep one shape (needed for CUDA graphs). Export the model with "
+            "to, so its decode passes cannot keep one shape (needed for CUDA graphs). Re-export the model with "
             "--flavour ort (e.g. --dtype fp16), or load it without cuda_graph."
         )
     if pad_to <= 0:

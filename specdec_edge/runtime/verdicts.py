@@ -352,9 +352,11 @@ def device_verdict(
         verdict = load_verdict(path, digest, graph_path, device)
         if verdict is None:
             say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+            other = ", ".join(k for k in device if recorded.device.get(k) != device[k]) or "device"
             say(
-                f"specdec-edge: checking on {device.get('name')} ({device.get('provider')}) that verification is "
-                "exact here (the bundle was checked on another device); once per device, a few seconds"
+                f"specdec-edge: checking on {device.get('name')} ({device.get('provider')}, threads "
+                f"{device.get('threads')}) that verification is exact here (the bundle was checked with another "
+                f"{other}); once per device and setting, seconds to a minute"
             )
             verdict = to_verdict(measure(engine), device)
             saved = save_verdict(path, digest, graph_path, verdict)

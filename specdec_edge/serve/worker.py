@@ -110,9 +110,10 @@ class Worker:
 
     def _record(self, result: GenerationResult | None, start: float) -> None:
         """Metrics of a job that ran, recorded before its client hears the outcome (so a client that
-        reads /metrics after its response sees its own request counted)."""
+        reads /metrics after its response sees its own request counted, and no longer in the queue)."""
         seconds = time.perf_counter() - start
         self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
+        self._running = None  # not queued nor running any more: the queue depth a client reads next excludes it
         try:
             self.on_done(result, seconds)
         except Exception:  # metrics must never stop the worker
