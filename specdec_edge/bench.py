@@ -34,7 +34,6 @@ from specdec_edge import __version__
 from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.exactness import describe
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.stats import ProposerStats
@@ -232,7 +231,7 @@ def run_bench(
         "prompt_format": PLAIN_FORMAT if as_text else CHAT_FORMAT,
         "lossy_methods": [m for m in pipes if METHODS[m].lossy],
         "inexact_methods": [m for m, p in pipes.items() if p.exactness.inexact],
-        "exactness": describe(pipeline.verdict, pipeline.target.graph.dtype),
+        "exactness": pipeline.describe_exactness(),
         "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),

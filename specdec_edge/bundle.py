@@ -186,6 +186,12 @@ class Manifest:
         )
 
 
+def manifest_digest(root: Path | str) -> str:
+    """sha256 of a bundle's manifest.json, which lists every file's sha256: the key of what is measured per bundle
+    (step costs, exactness verdicts)."""
+    return hashlib.sha256((Path(root) / MANIFEST).read_bytes()).hexdigest()
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_edge.atomic import write_atomic
+from specdec_edge.bundle import manifest_digest as bundle_digest
 from specdec_edge.exactness import Verdict
 from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_key
@@ -286,11 +287,6 @@ def to_verdict(measured: dict, device: dict) -> Verdict:
 def verdict_path(bundle_digest: str, graph_path: str, device: dict) -> Path:
     key = json.dumps([VERDICT_FORMAT, bundle_digest, graph_path, device_key(device)])
     return cache_dir() / "verdicts" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-
-
-def bundle_digest(root: str | Path) -> str:
-    """sha256 of the bundle's manifest (which lists every file's sha256)."""
-    return hashlib.sha256((Path(root) / "manifest.json").read_bytes()).hexdigest()
 
 
 def load_verdict(path: Path, digest: str, graph_path: str, device: dict) -> Verdict | None:

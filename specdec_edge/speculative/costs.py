@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_edge.atomic import write_atomic
+from specdec_edge.bundle import manifest_digest
 from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_name
 from specdec_edge.speculative.loop import decode, prefill
@@ -53,7 +54,7 @@ class CostKey:
 
     @classmethod
     def for_bundle(cls, root: str | Path, provider: str, threads: int | None, spinning: bool, candidates=()) -> CostKey:
-        digest = hashlib.sha256((Path(root) / "manifest.json").read_bytes()).hexdigest()
+        digest = manifest_digest(root)
         return cls(digest, provider, device_name(provider), cls.thread_setting(threads, spinning), tuple(candidates))
 
     @staticmethod
@@ -206,7 +207,7 @@ def load_costs(key: CostKey) -> CostModel | None:
 
 def costs_of_bundle(root: str | Path) -> list[CostModel]:
     """Every cached cost model of the bundle at ``root`` (any provider, device or threads), for `info`."""
-    digest = hashlib.sha256((Path(root) / "manifest.json").read_bytes()).hexdigest()
+    digest = manifest_digest(root)
     found = []
     for path in sorted((cache_dir() / "costs").glob("*.json")):
         try:
