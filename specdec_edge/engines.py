@@ -19,7 +19,7 @@ from specdec_edge.bundle import Manifest
 from specdec_edge.exactness import Verdict, recorded_verdict
 from specdec_edge.generation import Decoder, EngineLease
 from specdec_edge.progress import Progress
-from specdec_edge.runtime.base import Engine
+from specdec_edge.runtime.base import DEFAULT_GPU, Engine, GpuOptions
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
@@ -83,24 +83,21 @@ def open_engines(
     *,
     provider: str,
     cpu: CpuThreads,
-    pad_to: int | None = None,
-    cuda_graph: bool = False,
+    gpu: GpuOptions = DEFAULT_GPU,
     progress: Progress | None = None,
 ) -> Engines:
     """The engines of the bundle at ``root``, with the exactness verdict of this device (cached per device,
     ``runtime/verdicts.py``) and its step costs (cached per bundle, provider, device and threads,
     ``step_costs.py``); measuring either is reported to ``progress`` (``progress.py``)."""
     share = manifest.draft is not None or bool(manifest.heads)  # GPU engines: their CPU fallback must not spin
-    engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
-    if cuda_graph:
-        engine["cuda_graph"] = True
-    target = open_engine(root, manifest.target.graph, share_process=share, **engine)
+    settings = dict(provider=provider, cpu=cpu, gpu=gpu)
+    target = open_engine(root, manifest.target.graph, share_process=share, **settings)
     draft = None
     if manifest.draft is not None:
-        draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **engine)
+        draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **settings)
     graph = manifest.target.graph
     # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
-    setting = provider + ("+cuda-graph" if cuda_graph else "")
+    setting = provider + ("+cuda-graph" if gpu.cuda_graph else "")
     device = device_identity(setting, str(cpu.threads or "default"))
     verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device, progress=progress)
     key = CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning)

@@ -21,6 +21,7 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed
 from specdec_edge.generation import Generation, closed_error
 from specdec_edge.progress import Progress
+from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.features import FeatureTap
@@ -122,9 +123,8 @@ class Pipeline:
         check_hashes(root, manifest)  # once per file version; a damaged file is named before ONNX Runtime reads it
         cpu = check_threads(threads, spinning)
         _check_method(method or default_method(manifest.default_method), manifest, root, options)
-        engines = open_engines(
-            root, manifest, provider=provider, cpu=cpu, pad_to=pad_to, cuda_graph=cuda_graph, progress=progress
-        )
+        gpu = GpuOptions(pad_to, cuda_graph)
+        engines = open_engines(root, manifest, provider=provider, cpu=cpu, gpu=gpu, progress=progress)
         if method is None:  # the default must run: plain where speculation would not be exact on this device
             method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
         tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, chat_template)
