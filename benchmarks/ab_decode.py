@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
     engines = {}
     for bundle in args.bundles:
         m = read_manifest(bundle)
-        engines[bundle] = OrtEngine(bundle / m.target.graph.path, m.target.graph, threads=args.threads)
+        engines[bundle] = OrtEngine(bundle / m.target.graph.path, m.target.graph, cpu=CpuThreads(args.threads))
     ids = np.random.default_rng(0).integers(0, next(iter(engines.values())).vocab_size, args.past)
     times: dict = {b: [] for b in engines}
     for _ in range(args.rounds):

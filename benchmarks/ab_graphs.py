@@ -25,6 +25,7 @@ import numpy as np
 
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     engines = {}
     for item in args.graphs:
         name, path = item.split("=", 1)
-        engines[name] = OrtEngine(args.bundle / path, spec, threads=args.threads)
+        engines[name] = OrtEngine(args.bundle / path, spec, cpu=CpuThreads(args.threads))
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
     ids = np.random.default_rng(0).integers(0, spec.vocab_size, args.past + max(args.steps, *args.widths, 1))
     decode = {k: [] for k in engines}

@@ -18,6 +18,7 @@ import numpy as np
 
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     for bundle in args.bundles:
         m = read_manifest(bundle)
         g = m.target.graph
-        engine = OrtEngine(bundle / g.path, g, threads=args.threads)
+        engine = OrtEngine(bundle / g.path, g, cpu=CpuThreads(args.threads))
         for past in args.past:
             engine.reset()
             for start in range(0, past, 256):  # chunked prefill

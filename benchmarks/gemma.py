@@ -79,9 +79,10 @@ def verify_cost(bundle: Path, widths: list[int], past: int, threads: int, repeat
     so the lowest round is the cost)."""
     from specdec_edge.bundle import read_manifest
     from specdec_edge.runtime.ort_engine import OrtEngine
+    from specdec_edge.runtime.threads import CpuThreads
 
     g = read_manifest(bundle).target.graph
-    engine = OrtEngine(bundle / g.path, g, threads=threads)
+    engine = OrtEngine(bundle / g.path, g, cpu=CpuThreads(threads))
     rng = np.random.default_rng(0)
     for start in range(0, past, 256):  # chunked prefill of random tokens
         chunk = rng.integers(0, g.vocab_size, min(256, past - start))

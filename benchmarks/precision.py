@@ -21,6 +21,7 @@ import numpy as np
 
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.tokenizer import Tokenizer
 
 
@@ -69,7 +70,7 @@ def main() -> None:
     results = {}
     for bundle in [args.ref, *args.bundles]:
         m = read_manifest(bundle)
-        engine = OrtEngine(bundle / m.target.graph.path, m.target.graph, threads=args.threads)
+        engine = OrtEngine(bundle / m.target.graph.path, m.target.graph, cpu=CpuThreads(args.threads))
         outs, times = [], []
         for ids in prompts:
             toks, st = greedy(engine, ids, args.new_tokens, eos)

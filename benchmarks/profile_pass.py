@@ -30,6 +30,7 @@ import onnx
 import specdec_edge.runtime.ort_engine as ort_engine
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 
 LAYER_REF = re.compile(r"(?:model\.layers|past_key_values)\.(\d+)\.")
 NODE_NAME = re.compile(r"n_[A-Za-z]+_\d+")  # export/graph.py's node names; fused nodes keep one of them
@@ -68,7 +69,7 @@ def profiled_engine(bundle: Path, threads: int, prefix: str) -> OrtEngine:
 
     ort_engine.cpu_session_options = with_profiling
     try:
-        return OrtEngine(bundle / g.path, g, threads=threads)
+        return OrtEngine(bundle / g.path, g, cpu=CpuThreads(threads))
     finally:
         ort_engine.cpu_session_options = plain
 

@@ -68,7 +68,7 @@ def host_plain(bundle: Path, prompts) -> dict:
 
 
 def _cpu_model() -> str:
-    from specdec_edge.speculative.costs import device_name
+    from specdec_edge.runtime.device import device_name
 
     return device_name("cpu")
 

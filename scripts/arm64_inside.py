@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
     from specdec_edge import Pipeline
     from specdec_edge.bundle import check_hashes, read_manifest
     from specdec_edge.errors import SpecdecError
-    from specdec_edge.speculative.costs import device_name
+    from specdec_edge.runtime.device import device_name
     from specdec_edge.speculative.methods import available_methods
 
     heavy = [m for m in ("torch", "transformers", "onnx") if m in sys.modules or importlib.util.find_spec(m)]

@@ -32,6 +32,7 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.default_model import SHIPPED_HEADS
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.export.sources import cache_limits
+from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.factory import open_engine
 
 PROMPTS = [
@@ -65,7 +66,7 @@ def write(out: Path, name: str, text: str) -> None:
 
 def two_steps(bundle: Path, provider: str, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Logits of a prefill and of a 5-token verify pass after it."""
-    engine = open_engine(bundle, read_manifest(bundle).target.graph, provider=provider, pad_to=pad_to)
+    engine = open_engine(bundle, read_manifest(bundle).target.graph, provider=provider, gpu=GpuOptions(pad_to=pad_to))
     return engine.run(IDS).logits.copy(), engine.run(VERIFY).logits.copy()
 
 
@@ -109,7 +110,9 @@ def check(backend: str, name: str, pad_to: int | None, bundle: Path, ref, build_
 def plain_decode(bundle: Path, cuda_graph: bool, steps: int = 256) -> tuple[float, list[int], str]:
     """Greedy plain decoding step by step on the CUDA EP: median ms per token (after 16 warm-up steps), the
     tokens, and how many passes ran as the fixed-shape (graph) pass."""
-    engine = open_engine(bundle, read_manifest(bundle).target.graph, provider="cuda", cuda_graph=cuda_graph)
+    engine = open_engine(
+        bundle, read_manifest(bundle).target.graph, provider="cuda", gpu=GpuOptions(cuda_graph=cuda_graph)
+    )
     token = int(np.argmax(engine.run(IDS, logits_to_keep=1).logits[-1]))
     engine.commit(len(IDS))
     tokens, times = [token], []

@@ -304,7 +304,7 @@ def info(bundle, as_json):
     from specdec_edge.bundle import check_hashes, manifest_summary, read_manifest
     from specdec_edge.exactness import Verdict, describe, recorded_verdict
     from specdec_edge.runtime.verdicts import cached_verdicts
-    from specdec_edge.speculative.costs import costs_of_bundle
+    from specdec_edge.step_costs import costs_of_bundle
 
     manifest = read_manifest(bundle)
     check_hashes(bundle, manifest)  # what loading checks: a damaged file is named here too

@@ -141,6 +141,7 @@ def bench(
     )
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
+    from specdec_edge.progress import to_stderr
 
     for path, option in ((json_out, "--json"), (md_out, "--md"), (plot_out, "--plot")):
         if path:
@@ -158,7 +159,9 @@ def bench(
         "n_per_category": n_per_category,
         "prompts_file": prompts_file or "packaged Spec-Bench",
     }
-    pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact)
+    pipe = Pipeline.load(
+        bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, progress=to_stderr
+    )
     meta["options"] = method_options
     report = run_bench(
         pipe,

@@ -109,6 +109,7 @@ def generation_options(f):
 def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False, template_file=None):
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
+    from specdec_edge.progress import to_stderr
     from specdec_edge.tokenizer import read_chat_template
 
     options = parse_options(options)  # option syntax errors before the (slow) load
@@ -122,6 +123,7 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
         provider=provider,
         allow_inexact=allow_inexact,
         chat_template=read_chat_template(template_file) if template_file else None,
+        progress=to_stderr,
         **options,
     )
 

@@ -8,6 +8,7 @@ from importlib import resources
 from specdec_edge.bundle import read_manifest
 from specdec_edge.default_model import DEFAULT_DTYPE, default_bundle
 from specdec_edge.pipeline import Pipeline
+from specdec_edge.progress import to_stderr
 from specdec_edge.speculative.methods import default_method
 
 DEFAULT_QUESTION_ID = 241  # a Spec-Bench summarization prompt: answers that copy the input suit prompt lookup
@@ -38,7 +39,7 @@ def run_demo(
     ``method``: default the bundle's own (auto, unless the bundle records another)."""
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
-    pipe = Pipeline.load(bundle, method="plain", threads=threads)
+    pipe = Pipeline.load(bundle, method="plain", threads=threads, progress=to_stderr)  # it prints anyway
     manifest = read_manifest(bundle)
     method = method or default_method(manifest.default_method)
     method = "pld" if method == "plain" else method  # a bundle that records nothing: show prompt lookup

@@ -18,14 +18,16 @@ from pathlib import Path
 from specdec_edge.bundle import Manifest
 from specdec_edge.exactness import Verdict, recorded_verdict
 from specdec_edge.generation import Decoder, EngineLease
-from specdec_edge.runtime.base import Engine
+from specdec_edge.progress import Progress
+from specdec_edge.runtime.base import DEFAULT_GPU, Engine, GpuOptions
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
-from specdec_edge.speculative.costs import CostKey, CostModel, device_costs
+from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.proposal import Proposer
+from specdec_edge.step_costs import CostKey, device_costs
 
 # (the engine the loop drives, the proposers whose own cost to measure) -> the device's step costs
 StepCosts = Callable[[Engine, Mapping[str, Proposer]], CostModel]
@@ -81,28 +83,27 @@ def open_engines(
     *,
     provider: str,
     cpu: CpuThreads,
-    pad_to: int | None = None,
-    cuda_graph: bool = False,
+    gpu: GpuOptions = DEFAULT_GPU,
+    progress: Progress | None = None,
 ) -> Engines:
     """The engines of the bundle at ``root``, with the exactness verdict of this device (cached per device,
-    ``runtime/verdicts.py``) and its step costs (cached per bundle, provider, device and threads)."""
+    ``runtime/verdicts.py``) and its step costs (cached per bundle, provider, device and threads,
+    ``step_costs.py``); measuring either is reported to ``progress`` (``progress.py``)."""
     share = manifest.draft is not None or bool(manifest.heads)  # GPU engines: their CPU fallback must not spin
-    engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
-    if cuda_graph:
-        engine["cuda_graph"] = True
-    target = open_engine(root, manifest.target.graph, share_process=share, **engine)
+    settings = dict(provider=provider, cpu=cpu, gpu=gpu)
+    target = open_engine(root, manifest.target.graph, share_process=share, **settings)
     draft = None
     if manifest.draft is not None:
-        draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **engine)
+        draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **settings)
     graph = manifest.target.graph
     # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
-    setting = provider + ("+cuda-graph" if cuda_graph else "")
+    setting = provider + ("+cuda-graph" if gpu.cuda_graph else "")
     device = device_identity(setting, str(cpu.threads or "default"))
-    verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device)
+    verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device, progress=progress)
     key = CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning)
 
     def step_costs(engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
-        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers)
+        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, progress=progress)
 
     heads = load_head_graphs(root, manifest.heads, cpu)
     return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs)

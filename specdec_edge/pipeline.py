@@ -20,6 +20,8 @@ from specdec_edge.engines import Engines, open_engines
 from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed
 from specdec_edge.generation import Generation, closed_error
+from specdec_edge.progress import Progress
+from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.features import FeatureTap
@@ -80,6 +82,7 @@ class Pipeline:
         pad_to: int | None = None,
         cuda_graph: bool = False,
         chat_template: str | None = None,
+        progress: Progress | None = None,
         **options,
     ) -> Pipeline:
         """Load ``bundle``.
@@ -112,13 +115,16 @@ class Pipeline:
         captures once as a CUDA graph and replays (bundles exported with the ``ort`` flavour by this version).
         ``chat_template``: a Jinja chat template that replaces the bundle's (``tokenizer.read_chat_template``
         reads one from a file); a base model's bundle has none, and then takes plain text only.
+        ``progress``: called with a line before and after what takes seconds on first use on a device
+        (measuring its exactness verdict or step costs); default None, silent (the commands print them).
         """
         root = Path(bundle)
         manifest = read_manifest(root)
         check_hashes(root, manifest)  # once per file version; a damaged file is named before ONNX Runtime reads it
         cpu = check_threads(threads, spinning)
         _check_method(method or default_method(manifest.default_method), manifest, root, options)
-        engines = open_engines(root, manifest, provider=provider, cpu=cpu, pad_to=pad_to, cuda_graph=cuda_graph)
+        gpu = GpuOptions(pad_to, cuda_graph)
+        engines = open_engines(root, manifest, provider=provider, cpu=cpu, gpu=gpu, progress=progress)
         if method is None:  # the default must run: plain where speculation would not be exact on this device
             method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
         tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, chat_template)

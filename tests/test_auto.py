@@ -16,12 +16,13 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes
-from specdec_edge.speculative.costs import WIDTHS, CostKey, CostModel, cost_path, load_costs
+from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.methods import Resources, auto_candidates
 from specdec_edge.speculative.predictors import NodeRates, prefix_order
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
+from specdec_edge.step_costs import WIDTHS, CostKey, cost_path, load_costs
 from tests.test_acceptance import CHI2_CRIT_DF7_P001
 from tests.test_methods import TEXTS, assert_greedy_equals_plain
 
@@ -221,10 +222,9 @@ def test_stats_per_proposer(heads_plain):
 def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monkeypatch, tiny_bundle, tiny_self_bundle):
     monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
     lines = []
-    monkeypatch.setattr("specdec_edge.speculative.costs.sys.stderr", _Lines(lines))
 
     def load(bundle, threads):
-        pipe = Pipeline.load(bundle, method="auto", threads=threads)
+        pipe = Pipeline.load(bundle, method="auto", threads=threads, progress=lines.append)
         return pipe.proposer.costs
 
     first = load(tiny_bundle, 1)
@@ -254,16 +254,23 @@ def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monke
     assert load_costs(key) is None  # a damaged cache file is measured again, not an error
 
 
-class _Lines:
-    def __init__(self, lines):
-        self.lines = lines
+def test_measuring_is_reported_by_the_commands_and_not_by_the_api(tmp_path, monkeypatch, capsys, tiny_bundle):
+    """A fresh cache: the verdict (threads 1 is another setting than the export's) and the step costs are measured.
+    The Python API prints nothing; `generate` shows both on stderr, through the same hook."""
+    from click.testing import CliRunner
 
-    def write(self, text):
-        if text.strip():
-            self.lines.append(text)
+    from specdec_edge.cli import main
 
-    def flush(self):
-        pass
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path / "api"))
+    assert Pipeline.load(tiny_bundle, method="auto", threads=1).generate("the quick", max_new_tokens=2).token_ids
+    assert list((tmp_path / "api" / "costs").glob("*.json")) and list((tmp_path / "api" / "verdicts").glob("*"))
+    assert capsys.readouterr() == ("", "")
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path / "cli"))
+    args = ["generate", str(tiny_bundle), "--prompt", "the quick", "--method", "auto", "--threads", "1"]
+    result = CliRunner().invoke(main, [*args, "--max-new-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert "checking on" in result.stderr and "measuring step costs" in result.stderr
+    assert "measuring" not in result.stdout
 
 
 def test_auto_seeded_sampling_is_reproducible(heads_bundle):
@@ -296,8 +303,7 @@ def test_a_damaged_cost_file_is_measured_again(tmp_path, monkeypatch, tiny_bundl
     [path] = (tmp_path / "costs").glob("*.json")
     path.write_text(json.dumps(damage(json.loads(path.read_text()))))
     lines = []
-    monkeypatch.setattr("specdec_edge.speculative.costs.sys.stderr", _Lines(lines))
-    again = Pipeline.load(tiny_bundle, method="auto", threads=1)
+    again = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append)
     assert sum("measuring" in line for line in lines) == 1  # measured again, and the file rewritten
     assert again.generate("the quick brown fox", max_new_tokens=8).token_ids
     assert CostModel.from_json(json.loads(path.read_text())).seconds[0][0] > 0
@@ -313,8 +319,7 @@ def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, m
     key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "draft", "lookahead"))
     cost_path(key).mkdir()  # a directory at the file's path
     lines = []
-    monkeypatch.setattr("specdec_edge.speculative.costs.sys.stderr", _Lines(lines))
-    pipe = Pipeline.load(tiny_bundle, method="auto", threads=1)
+    pipe = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append)
     assert pipe.generate("the quick brown fox", max_new_tokens=8).token_ids
     assert any("warning: cannot write" in line for line in lines)
     cost_path(key).rmdir()

@@ -23,11 +23,12 @@ from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.bundle import CacheSpec, GraphSpec, read_manifest, verify_bundle
 from specdec_edge.engines import Engines
 from specdec_edge.errors import BundleError
-from specdec_edge.runtime.base import PAD_TO
+from specdec_edge.runtime.base import PAD_TO, GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine, compaction_model
 from specdec_edge.runtime.prebuilt import check_sidecar, find_prebuilt
 from specdec_edge.runtime.sessions import create_session, ort_package_conflict, session_options
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.trt_profiles import tensorrt_ep_options, tensorrt_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,7 +365,7 @@ def drive(engine) -> list[np.ndarray]:
 def test_gpu_engine_logic_matches_the_cpu_engine(which, ping_pong, tiny_bundle, portable_bundle):
     bundle = tiny_bundle if which == "tiny" else portable_bundle
     graph = read_manifest(bundle).target.graph
-    want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
+    want = drive(OrtEngine(bundle / graph.path, graph, cpu=CpuThreads(1)))
     got = drive(OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, ping_pong=ping_pong))
     for a, b in zip(want, got):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -374,8 +375,10 @@ def test_gpu_engine_logic_matches_the_cpu_engine(which, ping_pong, tiny_bundle, 
 def test_padded_passes_give_the_same_logits(pad_to, tiny_bundle, portable_bundle):
     for bundle in (tiny_bundle, portable_bundle):
         graph = read_manifest(bundle).target.graph
-        want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
-        engine = OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=pad_to)
+        want = drive(OrtEngine(bundle / graph.path, graph, cpu=CpuThreads(1)))
+        engine = OrtGpuEngine(
+            bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(pad_to=pad_to)
+        )
         got = drive(engine)
         assert [g.shape for g in got] == [w.shape for w in want]
         for a, b in zip(want, got):
@@ -418,7 +421,7 @@ def test_gpu_engine_pipeline_is_exact_on_cpu(pad_to, tiny_bundle):
             device="cpu",
             threads=1,
             share_process=True,
-            pad_to=pad_to,
+            gpu=GpuOptions(pad_to=pad_to),
         )
         for m in (manifest.target, manifest.draft)
     ]
@@ -437,7 +440,9 @@ def test_fixed_shape_passes_give_the_same_logits_bit_for_bit(pad_to, tiny_bundle
         graph = read_manifest(bundle).target.graph
         assert graph.capacity_bias
         engines = [
-            OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=pad_to, **kw)
+            OrtGpuEngine(
+                bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, **kw, gpu=GpuOptions(pad_to=pad_to)
+            )
             for kw in ({}, {"fixed_shape": True})
         ]
         want, got = drive(engines[0]), drive(engines[1])
@@ -453,7 +458,13 @@ def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bu
     for bundle, methods in ((tiny_bundle, ("plain", "pld", "lookahead")), (heads_bundle, ("eagle",))):
         graph = read_manifest(bundle).target.graph
         engine = OrtGpuEngine(
-            bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=16, fixed_shape=True
+            bundle / graph.path,
+            graph,
+            provider="cpu",
+            device="cpu",
+            threads=1,
+            fixed_shape=True,
+            gpu=GpuOptions(pad_to=16),
         )
         ref = Pipeline.load(bundle, method="plain", threads=1)
         for method in methods:
@@ -471,7 +482,13 @@ def test_fixed_shape_pipeline_runs_eagle3_heads_exactly(eagle3_bundle):
     graph = read_manifest(eagle3_bundle).target.graph
     assert graph.feature_layers
     engine = OrtGpuEngine(
-        eagle3_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=16, fixed_shape=True
+        eagle3_bundle / graph.path,
+        graph,
+        provider="cpu",
+        device="cpu",
+        threads=1,
+        fixed_shape=True,
+        gpu=GpuOptions(pad_to=16),
     )
     ref = Pipeline.load(eagle3_bundle, method="plain", threads=1)
     for method in ("eagle3", "pld-eagle3"):
@@ -490,15 +507,17 @@ def test_fixed_shape_and_cuda_graph_are_refused_with_the_fix(tiny_bundle, portab
     path = tiny_bundle / graph.path
     old = dataclasses.replace(graph, capacity_bias=False)  # a bundle exported before fixed-shape passes
     with pytest.raises(SpecdecError, match="Re-export"):
-        OrtGpuEngine(path, old, provider="cpu", device="cpu", pad_to=8, fixed_shape=True)
+        OrtGpuEngine(path, old, provider="cpu", device="cpu", fixed_shape=True, gpu=GpuOptions(pad_to=8))
     portable = read_manifest(portable_bundle).target.graph
     assert not portable.capacity_bias
     with pytest.raises(SpecdecError, match="pad_to > 0"):
-        OrtGpuEngine(path, graph, provider="cpu", device="cpu", pad_to=0, fixed_shape=True)
+        OrtGpuEngine(path, graph, provider="cpu", device="cpu", fixed_shape=True, gpu=GpuOptions(pad_to=0))
     with pytest.raises(SpecdecError, match="provider 'cuda'"):
-        OrtGpuEngine(path, graph, provider="cpu", device="cpu", pad_to=8, cuda_graph=True)
+        OrtGpuEngine(path, graph, provider="cpu", device="cpu", gpu=GpuOptions(pad_to=8, cuda_graph=True))
     with pytest.raises(SpecdecError, match="in-place cache"):
-        OrtGpuEngine(path, graph, provider="cpu", device="cpu", pad_to=8, fixed_shape=True, ping_pong=True)
+        OrtGpuEngine(
+            path, graph, provider="cpu", device="cpu", fixed_shape=True, ping_pong=True, gpu=GpuOptions(pad_to=8)
+        )
     with pytest.raises(SpecdecError, match="provider 'cuda'"):
         Pipeline.load(tiny_bundle, method="plain", cuda_graph=True)
 

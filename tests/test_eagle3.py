@@ -81,6 +81,7 @@ def test_target_graph_outputs_the_chosen_layers(tmp_path, tiny_llama_dir, dtype)
 
     from specdec_edge.export.exporter import export_bundle
     from specdec_edge.runtime.ort_engine import OrtEngine
+    from specdec_edge.runtime.threads import CpuThreads
 
     out = export_bundle(
         str(tiny_llama_dir), tmp_path / dtype, dtype=dtype, feature_layers=(0, 1), capacity=64, progress=False
@@ -91,7 +92,7 @@ def test_target_graph_outputs_the_chosen_layers(tmp_path, tiny_llama_dir, dtype)
     assert {"name": "layer_features"}.items() <= next(o for o in graph.outputs if o["name"] == "layer_features").items()
     report = manifest.target.validation
     assert report["feature_layers"] == [0, 1] and report["layer_features_max_rel_err"] < report["tolerance"]
-    engine = OrtEngine(str(out / graph.path), graph, threads=1)
+    engine = OrtEngine(str(out / graph.path), graph, cpu=CpuThreads(1))
     ids = np.array([5, 17, 42, 7, 99, 3])
     engine.run(ids[:4])
     engine.commit(4)

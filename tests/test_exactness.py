@@ -15,7 +15,9 @@ from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.bundle import read_manifest
 from specdec_edge.engines import Engines
 from specdec_edge.exactness import Verdict, decide, describe, recorded_verdict, trees_allowed
+from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import cached_verdicts, device_verdict, measure, to_verdict
 from specdec_edge.speculative.loop import prefill
 from tests.tiny_models import make_model
@@ -89,8 +91,8 @@ def test_fp32_bundle_is_measured_invariant_from_two_rows(tiny_bundle):
 
 def test_the_runtime_pads_single_rows_to_the_measured_width(tiny_bundle):
     graph = read_manifest(tiny_bundle).target.graph
-    padded = OrtEngine(tiny_bundle / graph.path, graph, threads=1)
-    raw = OrtEngine(tiny_bundle / graph.path, replace(graph, min_pass_width=1), threads=1)
+    padded = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
+    raw = OrtEngine(tiny_bundle / graph.path, replace(graph, min_pass_width=1), cpu=CpuThreads(1))
     assert padded.capacity == graph.cache.capacity - 1  # a free slot for the padding row at the end of the cache
     context = [5, 9, 17, 33, 2, 8]
     for engine in (padded, raw):
@@ -104,7 +106,7 @@ def test_the_runtime_pads_single_rows_to_the_measured_width(tiny_bundle):
 def test_per_tensor_activation_quantization_is_caught(tiny_bundle, tmp_path):
     """ONNX Runtime's dynamic quantization scales activations per tensor: every row depends on the others."""
     graph = read_manifest(tiny_bundle).target.graph
-    verdict = measure(OrtEngine(_dynamic_quantized(tiny_bundle, tmp_path), graph, threads=1))
+    verdict = measure(OrtEngine(_dynamic_quantized(tiny_bundle, tmp_path), graph, cpu=CpuThreads(1)))
     assert not verdict["batch_invariant"] and verdict["max_width"] == 1 and 2 in verdict["failed_widths"]
 
 
@@ -193,7 +195,7 @@ def test_boundaries_are_found_and_no_pass_straddles_them(wide_heads_bundle):
     assert verdict.batch_invariant and bounds, verdict.details
     b = bounds[0]
     graph = manifest.target.graph
-    engine = OrtEngine(wide_heads_bundle / graph.path, graph, threads=1)
+    engine = OrtEngine(wide_heads_bundle / graph.path, graph, cpu=CpuThreads(1))
     engine.min_width = 2
     rng = np.random.default_rng(0)
     context = rng.integers(0, graph.vocab_size, b + 8).tolist()
@@ -236,7 +238,7 @@ def _other_device(verdict: Verdict) -> Verdict:
 def test_a_verdict_from_another_device_is_measured_again_and_cached(tiny_bundle):
     graph = read_manifest(tiny_bundle).target.graph
     recorded = _other_device(recorded_verdict(graph))
-    engine = OrtEngine(tiny_bundle / graph.path, graph, threads=1)
+    engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
     here = recorded_verdict(graph).device
     lines = []
     first = device_verdict(tiny_bundle, recorded, graph.path, engine, here, progress=lines.append)
@@ -281,7 +283,7 @@ def test_a_device_whose_measurement_fails_refuses_speculation(tiny_bundle, tmp_p
     with pytest.raises(SpecdecError, match="not batch invariant on .*--allow-inexact"):
         Pipeline.load(bundle, method="pld", threads=1)
     assert Pipeline.load(bundle, method="pld", threads=1, allow_inexact=True).exactness.inexact
-    assert to_verdict(measure(OrtEngine(dyn, read_manifest(bundle).target.graph, threads=1)), {}).max_width == 1
+    assert to_verdict(measure(OrtEngine(dyn, read_manifest(bundle).target.graph, cpu=CpuThreads(1))), {}).max_width == 1
 
 
 def test_info_lists_the_verdict_of_every_device(tiny_bundle):
@@ -291,7 +293,7 @@ def test_info_lists_the_verdict_of_every_device(tiny_bundle):
 
     graph = read_manifest(tiny_bundle).target.graph
     here = {**recorded_verdict(graph).device, "cpu": "a laptop CPU", "name": "a laptop CPU"}
-    engine = OrtEngine(tiny_bundle / graph.path, graph, threads=1)
+    engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
     device_verdict(tiny_bundle, recorded_verdict(graph), graph.path, engine, here, progress=lambda line: None)
     shown = CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"])
     verdicts = json.loads(shown.output)["verdicts"]
@@ -333,15 +335,23 @@ def test_gpu_engines_get_a_verdict_of_their_own(tiny_bundle, tmp_path):
 
     graph = read_manifest(tiny_bundle).target.graph
     ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
-    padded = OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=8)
+    padded = OrtGpuEngine(
+        tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(pad_to=8)
+    )
     pipe = Pipeline(ref.tokenizer, Engines(padded), "pld", 4)
     assert pipe.verdict.batch_invariant and pipe.verdict.min_pass_width == 1  # every narrow pass is 8 rows
     assert (
         pipe.generate("the quick brown fox", max_new_tokens=12).token_ids
         == ref.generate("the quick brown fox", max_new_tokens=12).token_ids
     )
-    dyn = OrtGpuEngine(_dynamic_quantized(tiny_bundle, tmp_path), graph, provider="cpu", device="cpu", threads=1,
-                       pad_to=8)  # fmt: skip
+    dyn = OrtGpuEngine(
+        _dynamic_quantized(tiny_bundle, tmp_path),
+        graph,
+        provider="cpu",
+        device="cpu",
+        threads=1,
+        gpu=GpuOptions(pad_to=8),
+    )
     with pytest.raises(SpecdecError, match="not batch invariant"):
         Pipeline(ref.tokenizer, Engines(dyn), "pld", 4)
     assert Pipeline(ref.tokenizer, Engines(dyn), "plain").generate("the quick", max_new_tokens=4).token_ids

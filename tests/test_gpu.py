@@ -11,8 +11,10 @@ import pytest
 
 from specdec_edge import Pipeline
 from specdec_edge.bundle import read_manifest, verify_bundle
+from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
+from specdec_edge.runtime.threads import CpuThreads
 from tests.test_backends_cpu import drive
 
 
@@ -22,8 +24,8 @@ from tests.test_backends_cpu import drive
 def test_cuda_engine_matches_cpu(which, pad_to, ort_fp16_bundle, portable_bundle):
     bundle = ort_fp16_bundle if which == "ort-fp16" else portable_bundle
     graph = read_manifest(bundle).target.graph
-    want = drive(OrtEngine(bundle / graph.path, graph, threads=1))
-    got = drive(OrtGpuEngine(bundle / graph.path, graph, provider="cuda", pad_to=pad_to))
+    want = drive(OrtEngine(bundle / graph.path, graph, cpu=CpuThreads(1)))
+    got = drive(OrtGpuEngine(bundle / graph.path, graph, provider="cuda", gpu=GpuOptions(pad_to=pad_to)))
     tol = 1e-4 if graph.dtype == "fp32" else 3e-2  # fp32 with TF32 off; fp16 as the export's validation
     for a, b in zip(want, got):
         assert np.abs(a - b).max() <= tol * np.abs(a).max()
@@ -61,7 +63,7 @@ def test_cuda_graph_decoding_matches_the_cuda_engine(ort_fp16_bundle):
     in the graph, and greedy pld / lookahead output equal to plain output with and without graphs."""
     graph = read_manifest(ort_fp16_bundle).target.graph
     want = drive(OrtGpuEngine(ort_fp16_bundle / graph.path, graph, provider="cuda"))
-    engine = OrtGpuEngine(ort_fp16_bundle / graph.path, graph, provider="cuda", cuda_graph=True)
+    engine = OrtGpuEngine(ort_fp16_bundle / graph.path, graph, provider="cuda", gpu=GpuOptions(cuda_graph=True))
     got = drive(engine)
     for a, b in zip(want, got):
         assert np.abs(a - b).max() <= 3e-2 * np.abs(a).max()

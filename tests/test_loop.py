@@ -16,6 +16,7 @@ import pytest
 
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
 from specdec_edge.speculative.loop import GREEDY, decode, prefill
@@ -27,7 +28,7 @@ EOS = frozenset({2})
 
 def engines(bundle: Path) -> tuple[OrtEngine, OrtEngine]:
     m = read_manifest(bundle)
-    make = lambda spec: OrtEngine(bundle / spec.graph.path, spec.graph, threads=1)  # noqa: E731
+    make = lambda spec: OrtEngine(bundle / spec.graph.path, spec.graph, cpu=CpuThreads(1))  # noqa: E731
     return make(m.target), make(m.draft)
 
 

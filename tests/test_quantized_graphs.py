@@ -14,6 +14,7 @@ from specdec_edge.export.gguf_blocks import blocks_from_raw
 from specdec_edge.export.graph import build_decoder, save
 from specdec_edge.export.sources import load_model
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import measure
 from specdec_edge.speculative.loop import prefill
 
@@ -40,9 +41,9 @@ def test_gguf_blocks_in_the_graph_match_their_dequantized_weights(tiny_llama_dir
         paths[name] = tmp_path / name / "model.onnx"
         paths[name].parent.mkdir()
         save(build_decoder(c, flavour="ort", dtype="fp32", capacity=256, hidden_states=False), paths[name])
-    verdict = measure(OrtEngine(paths["kept"], spec, threads=1))
+    verdict = measure(OrtEngine(paths["kept"], spec, cpu=CpuThreads(1)))
     assert verdict["batch_invariant"] and verdict["min_pass_width"] == 2
-    engines = {name: OrtEngine(path, spec, threads=1) for name, path in paths.items()}
+    engines = {name: OrtEngine(path, spec, cpu=CpuThreads(1)) for name, path in paths.items()}
     context = [5, 9, 17, 33, 2, 8, 41, 12]
     logits = {}
     for name, engine in engines.items():

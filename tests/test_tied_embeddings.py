@@ -15,6 +15,7 @@ from specdec_edge.export.gguf_blocks import blocks_from_raw
 from specdec_edge.export.graph import build_decoder, save
 from specdec_edge.export.sources import load_model
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.speculative.loop import prefill
 
 
@@ -68,7 +69,7 @@ def run_logits(cfg, spec, folder, two_tables=False) -> np.ndarray:
             mp.setattr(graph_module, "tied_weights", lambda *args: None)
         save(build_decoder(cfg, flavour="ort", dtype="fp32", capacity=256, hidden_states=False), path)
     assert len(vocab_tables(path, cfg.vocab_size, cfg.hidden_size)) == (2 if two_tables else 1)
-    engine = OrtEngine(path, spec, threads=1)
+    engine = OrtEngine(path, spec, cpu=CpuThreads(1))
     prefill(engine, [5, 9, 17, 33, 2, 8, 41, 12])
     return engine.run([7, 3, 11]).logits.copy()
 

@@ -162,6 +162,7 @@ def generate_data(
 
     from specdec_edge.bundle import read_manifest
     from specdec_edge.pipeline import Pipeline
+    from specdec_edge.progress import to_stderr
 
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"bundle": str(Path(bundle).resolve()), "prompts": texts, "answer_tokens": answer_tokens}
@@ -178,7 +179,8 @@ def generate_data(
     for p in range(0, len(texts), PART):
         path = folder / f"part-{p // PART:04d}.npz"
         if not path.is_file():
-            pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads, spinning=spinning)
+            report = to_stderr if progress else None
+            pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads, spinning=spinning, progress=report)
             _write_part(path, *_answer(pipe, texts[p : p + PART], answer_tokens))
         parts += _read_part(path, layers)
         bar.update(len(texts[p : p + PART]))

@@ -301,7 +301,7 @@ def export_graph(
         outputs=contract_outputs(cfg, capacity, cache_dtype, hidden_states, feature_layers),
     )
     with prog.stage(f"[{role}] exactness verdict (chains of 1-64 rows, trees, key-count boundaries; bit for bit)"):
-        invariance = measure(OrtEngine(path, spec, threads=None))  # as a default Pipeline.load runs it
+        invariance = measure(OrtEngine(path, spec))  # as a default Pipeline.load runs it
     details = {k: v for k, v in invariance.items() if k not in ("batch_invariant", "min_pass_width", "tree_invariant")}
     spec = replace(
         spec,

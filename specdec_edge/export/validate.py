@@ -44,7 +44,7 @@ def validate_graph(model_path, graph: GraphSpec, torch_model, *, prefix_len: int
     """Return the error report; raise ExportError if any error exceeds the tolerance."""
     rng = np.random.default_rng(seed)
     vocab = graph.vocab_size
-    engine = OrtEngine(model_path, graph, threads=None)
+    engine = OrtEngine(model_path, graph)
     prefix = rng.integers(0, vocab, prefix_len)
     new = rng.integers(0, vocab, 5)
     ref = _torch_logits(torch_model, np.concatenate([prefix, new]))

@@ -34,6 +34,17 @@ MAX_VERIFY = 64
 PAD_TO = 32
 
 
+@dataclass(frozen=True)
+class GpuOptions:
+    """How the GPU engines run passes (``Pipeline.load(pad_to=..., cuda_graph=...)``)."""
+
+    pad_to: int | None = None  # pad narrower passes to this many rows; None: PAD_TO on a GPU; 0: off
+    cuda_graph: bool = False  # provider "cuda": decode passes replay one captured CUDA graph (ort_gpu_engine)
+
+
+DEFAULT_GPU = GpuOptions()
+
+
 def physical_memory() -> int | None:
     """Bytes of RAM in this machine, where the platform says."""
     import os

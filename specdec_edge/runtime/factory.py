@@ -28,8 +28,9 @@ from pathlib import Path
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import BACKENDS, Engine, check_cache_memory
+from specdec_edge.runtime.base import BACKENDS, DEFAULT_GPU, Engine, GpuOptions, check_cache_memory
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads
 
 
 def open_engine(
@@ -37,45 +38,36 @@ def open_engine(
     graph: GraphSpec,
     *,
     provider: str = "cpu",
-    threads: int | None = None,
-    spinning: bool = True,
+    cpu: CpuThreads = DEFAULT_THREADS,
+    gpu: GpuOptions = DEFAULT_GPU,
     share_process: bool = False,
     role: str = "target",
-    pad_to: int | None = None,
-    cuda_graph: bool = False,
 ) -> Engine:
     """The engine of ``provider`` over one bundle graph (see the table in this module's docstring).
 
-    ``threads``/``spinning``: CPU threads (``runtime/threads.py``: by default every CPU session of the
-    process shares one spinning pool). ``share_process`` (GPU engines only): other sessions run in
-    this process, so the session's CPU fallback pool does not spin. ``pad_to``: GPU engines pad
-    narrower passes to this many rows so that speculative and plain decoding round alike
-    (``ort_gpu_engine``; default 32, 0 = off); the CPU engine needs no padding. ``cuda_graph`` (provider
-    ``cuda``): replay decode passes as one captured CUDA graph (``ort_gpu_engine``).
+    ``cpu``: CPU threads (``runtime/threads.py``: by default every CPU session of the process shares one
+    spinning pool; GPU engines take its thread count for their CPU fallback ops). ``share_process`` (GPU
+    engines only): other sessions run in this process, so the session's CPU fallback pool does not spin.
+    ``gpu``: ``pad_to``, GPU engines pad narrower passes to this many rows so that speculative and plain
+    decoding round alike (``ort_gpu_engine``; default 32, 0 = off; the CPU engine needs no padding);
+    ``cuda_graph`` (provider ``cuda``), replay decode passes as one captured CUDA graph.
     """
     if provider not in BACKENDS:
         raise SpecdecError(f"unknown provider {provider!r}; choose one of {', '.join(BACKENDS)}.")
-    if cuda_graph and provider != "cuda":
+    if gpu.cuda_graph and provider != "cuda":
         raise SpecdecError(
             f"CUDA graphs are an option of provider 'cuda' (ONNX Runtime's CUDA EP), not {provider!r}; "
             "drop cuda_graph or use provider='cuda'."
         )
     check_cache_memory(graph, root / graph.path)  # before any session or buffer
     if provider == "cpu":
-        return OrtEngine(root / graph.path, graph, provider=provider, threads=threads, spinning=spinning)
+        return OrtEngine(root / graph.path, graph, provider=provider, cpu=cpu)
     if provider in ("trt", "trt-rtx"):
         from specdec_edge.runtime.tensorrt_engine import TensorRTEngine
 
-        return TensorRTEngine.from_bundle(root, role, graph, pad_to, backend=provider)
+        return TensorRTEngine.from_bundle(root, role, graph, gpu.pad_to, backend=provider)
     from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 
     return OrtGpuEngine.from_bundle(
-        root,
-        role,
-        graph,
-        provider=provider,
-        threads=threads,
-        share_process=share_process,
-        pad_to=pad_to,
-        cuda_graph=cuda_graph,
+        root, role, graph, provider=provider, threads=cpu.threads, share_process=share_process, gpu=gpu
     )

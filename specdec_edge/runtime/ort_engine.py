@@ -21,7 +21,7 @@ import onnxruntime as ort
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.runtime.base import Engine, StepOutput, pad_step
 from specdec_edge.runtime.sessions import bind_host_outputs, check_contract, create_session
-from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
+from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
 
 
 class OrtEngine(Engine):
@@ -33,12 +33,11 @@ class OrtEngine(Engine):
         graph: GraphSpec,
         *,
         provider: str = "cpu",
-        threads: int | None = None,
-        spinning: bool = True,
+        cpu: CpuThreads = DEFAULT_THREADS,
         capacity: int | None = None,
     ):
         self.graph = graph
-        self.session = create_session(model_path, cpu_session_options(CpuThreads(threads, spinning)), provider)
+        self.session = create_session(model_path, cpu_session_options(cpu), provider)
         check_contract(self.session, graph, model_path)
         spec = graph.cache
         # Passes narrower than this are padded (the export's verdict; runtime/verdicts.py applies the device's);

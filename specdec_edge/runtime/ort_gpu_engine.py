@@ -53,7 +53,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step, widen_bias
+from specdec_edge.runtime.base import DEFAULT_GPU, PAD_TO, Engine, GpuOptions, StepOutput, pad_step, widen_bias
 from specdec_edge.runtime.prebuilt import engine_cache_dir, find_prebuilt
 from specdec_edge.runtime.sessions import bind_host_outputs, create_session, require_provider, session_options
 from specdec_edge.runtime.trt_profiles import tensorrt_ep_options
@@ -124,10 +124,10 @@ class OrtGpuEngine(Engine):
         share_process: bool = False,
         provider_options: dict | None = None,
         ping_pong: bool | None = None,
-        pad_to: int | None = None,
-        cuda_graph: bool = False,
+        gpu: GpuOptions = DEFAULT_GPU,
         fixed_shape: bool | None = None,
     ):
+        pad_to, cuda_graph = gpu.pad_to, gpu.cuda_graph
         self.graph = graph
         self.device = device  # device 0 of its kind
         require_provider(provider)  # a missing onnxruntime-gpu is the first thing to fix
@@ -182,8 +182,7 @@ class OrtGpuEngine(Engine):
         provider: str,
         threads: int | None = None,
         share_process: bool = False,
-        pad_to: int | None = None,
-        cuda_graph: bool = False,
+        gpu: GpuOptions = DEFAULT_GPU,
     ) -> OrtGpuEngine:
         """CUDA EP over the bundle's graph; TensorRT EP over a matching prebuilt EPContext model if the
         bundle has one (``build-engines``), else over the ONNX graph with a per-user engine cache."""
@@ -202,8 +201,7 @@ class OrtGpuEngine(Engine):
             threads=threads,
             share_process=share_process,
             provider_options=options,
-            pad_to=pad_to,
-            cuda_graph=cuda_graph,
+            gpu=gpu,
         )
 
     def _pointer(self, slab: int, layer: int, k: int) -> int:

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +38,7 @@ import numpy as np
 from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import manifest_digest as bundle_digest
 from specdec_edge.exactness import Verdict
+from specdec_edge.progress import Progress, report
 from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_key
 from specdec_edge.runtime.tree import path_to, tree_inputs
@@ -335,11 +334,11 @@ def device_verdict(
     engine: Engine,
     device: dict,
     *,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> Verdict:
     """The verdict that holds for ``engine`` on ``device``: the one export ``recorded`` if it was measured on this
-    very device, else the cached one, else measured now (seconds; cached). The engine gets its padding and
-    boundaries from it."""
+    very device, else the cached one, else measured now (seconds; cached; ``progress`` gets a line before and
+    after). The engine gets its padding and boundaries from it."""
     if recorded.device == device:
         verdict = recorded
     else:
@@ -347,17 +346,17 @@ def device_verdict(
         path = verdict_path(digest, graph_path, device)
         verdict = load_verdict(path, digest, graph_path, device)
         if verdict is None:
-            say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
             other = ", ".join(k for k in device if recorded.device.get(k) != device[k]) or "device"
-            say(
+            report(
+                progress,
                 f"specdec-edge: checking on {device.get('name')} ({device.get('provider')}, threads "
                 f"{device.get('threads')}) that verification is exact here (the bundle was checked with another "
-                f"{other}); once per device and setting, seconds to a minute"
+                f"{other}); once per device and setting, seconds to a minute",
             )
             verdict = to_verdict(measure(engine), device)
             saved = save_verdict(path, digest, graph_path, verdict)
             where = f"; cached in {saved}" if saved else " (the cache is not writable: measured again next time)"
-            say(f"specdec-edge: checked in {verdict.details.get('seconds')} s{where}")
+            report(progress, f"specdec-edge: checked in {verdict.details.get('seconds')} s{where}")
     apply(engine, verdict)
     return verdict
 
