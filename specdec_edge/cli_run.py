@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from dataclasses import dataclass
 
 import click
 
@@ -15,8 +17,23 @@ from specdec_edge.speculative.methods import METHODS, options_help
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+@dataclass(frozen=True)
+class LoadSettings:
+    """What the options of ``pipeline_options`` say about loading the pipeline."""
+
+    bundle: str
+    method: str | None = None
+    k: int | None = None
+    threads: int | None = None
+    spinning: bool = True
+    allow_inexact: bool = False
+    options: tuple[str, ...] = ()  # -o KEY=VALUE, parsed by ``load``
+    provider: str = "cpu"
+
+
 def pipeline_options(f):
-    """The options that load a pipeline: shared by `chat`, `generate` and `serve`."""
+    """The options that load a pipeline, shared by `chat`, `generate` and `serve`: the command gets them as one
+    ``LoadSettings``, its first argument."""
     options = [
         click.argument("bundle", type=click.Path()),
         click.option(
@@ -73,9 +90,15 @@ def pipeline_options(f):
             "built by `build-engines`.",
         ),
     ]
+
+    @functools.wraps(f)
+    def command(**params):
+        settings = LoadSettings(**{name: params.pop(name) for name in LoadSettings.__dataclass_fields__})
+        return f(settings, **params)
+
     for option in reversed(options):
-        f = option(f)
-    return f
+        command = option(command)
+    return command
 
 
 def generation_options(f):
@@ -106,22 +129,24 @@ def generation_options(f):
     return pipeline_options(f)
 
 
-def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False, template_file=None):
+def load(settings: LoadSettings, template_file: str | None = None):
+    """The pipeline ``settings`` describe (with the chat template of ``template_file``); what takes a while to
+    measure on first use is reported on stderr."""
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
     from specdec_edge.progress import to_stderr
     from specdec_edge.tokenizer import read_chat_template
 
-    options = parse_options(options)  # option syntax errors before the (slow) load
+    options = parse_options(settings.options)  # option syntax errors before the (slow) load
 
     return Pipeline.load(
-        bundle,
-        method=method,
-        k=k,
-        threads=threads,
-        spinning=spinning,
-        provider=provider,
-        allow_inexact=allow_inexact,
+        settings.bundle,
+        method=settings.method,
+        k=settings.k,
+        threads=settings.threads,
+        spinning=settings.spinning,
+        provider=settings.provider,
+        allow_inexact=settings.allow_inexact,
         chat_template=read_chat_template(template_file) if template_file else None,
         progress=to_stderr,
         **options,
@@ -184,23 +209,7 @@ def stats_line(stats) -> str:
     help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
     "Without one, a base model's bundle (no template) runs as a completion REPL.",
 )
-def chat(
-    bundle,
-    method,
-    k,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    threads,
-    spinning,
-    allow_inexact,
-    options,
-    provider,
-    system,
-    template_file,
-):
+def chat(settings: LoadSettings, max_new_tokens, temperature, top_k, top_p, seed, system, template_file):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
@@ -220,7 +229,7 @@ def chat(
     from specdec_edge.tokenizer import plain_text
 
     SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template_file)
+    pipe = load(settings, template_file)
     completion = not pipe.tokenizer.has_chat_template
     _line_editing()
     start = [{"role": "system", "content": system}] if system else []
@@ -319,25 +328,7 @@ def chat(
     "a carriage return and a backslash.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
-def generate(
-    bundle,
-    method,
-    k,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    threads,
-    spinning,
-    allow_inexact,
-    options,
-    provider,
-    prompt,
-    template,
-    stop,
-    as_json,
-):
+def generate(settings: LoadSettings, max_new_tokens, temperature, top_k, top_p, seed, prompt, template, stop, as_json):
     """Generate text for one prompt (for scripts).
 
     \b
@@ -351,7 +342,7 @@ def generate(
 
     SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
     stops = check_stops([unescape(s) for s in stop])  # and too many or too long --stop strings
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template or None)
+    pipe = load(settings, template or None)
     request = [{"role": "user", "content": prompt}] if template is not None else prompt
     stream = pipe.stream(
         request,
