@@ -58,7 +58,7 @@ def is_loopback(host: str) -> bool:
     help="Larger request bodies are refused with 413.",
 )
 @click.option("--model-name", default=None, help="The model id clients send (default: the bundle folder's name).")
-def serve(settings: LoadSettings, host, port, api_key, max_queue, timeout_s, max_body_bytes, model_name):
+def serve(settings: LoadSettings, model_name, **server):
     """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
 
     POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models,
@@ -80,21 +80,13 @@ def serve(settings: LoadSettings, host, port, api_key, max_queue, timeout_s, max
     check_extra()
     pipe = load(settings)
     model = model_name or Path(settings.bundle).resolve().name
-    if not is_loopback(host) and api_key is None:
+    host = server["host"]  # with port, api_key, max_queue, timeout_s and max_body_bytes: run's keywords
+    if not is_loopback(host) and server["api_key"] is None:
         click.secho(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model.",
             fg="yellow",
             err=True,
         )
-    click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{port}/v1 (Ctrl-C stops).")
+    click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{server['port']}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
-    run(
-        pipe,
-        host=host,
-        port=port,
-        model=model,
-        api_key=api_key,
-        max_queue=max_queue,
-        timeout_s=timeout_s,
-        max_body_bytes=max_body_bytes,
-    )
+    run(pipe, model=model, **server)
