@@ -18,6 +18,7 @@ answer continuing its turn), and the report says so (``meta.prompt_format``). Li
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import sys
@@ -36,7 +37,7 @@ from specdec_edge.bundle import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.methods import METHODS
-from specdec_edge.speculative.stats import ProposerStats
+from specdec_edge.speculative.stats import Stats, add_stats, proposer_summary
 from specdec_edge.tokenizer import plain_text
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
@@ -69,32 +70,15 @@ class Run:
     """One method on one prompt, both turns summed."""
 
     turn_ids: list[list[int]]  # generated token ids per turn
-    new_tokens: int = 0
     wall_s: float = 0.0  # whole generate calls: template, prefill, decode, detokenize
-    prefill_s: float = 0.0
     calls: int = 0
-    steps: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    near_ties: int = 0
-    min_logit_gap: float | None = None
-    by_proposer: dict = field(default_factory=dict)  # proposer -> ProposerStats summed over the turns
+    stats: Stats = field(default_factory=Stats)  # the turns' stats summed (``add_stats``)
 
     def add(self, result, wall_s: float) -> None:
-        s = result.stats
         self.turn_ids.append(list(result.token_ids))
-        self.new_tokens += s.new_tokens
         self.wall_s += wall_s
-        self.prefill_s += s.prefill_s
         self.calls += 1
-        self.steps += s.steps
-        self.proposed += s.proposed
-        self.accepted += s.accepted
-        self.near_ties += s.near_ties
-        for name, p in s.by_proposer.items():
-            self.by_proposer.setdefault(name, ProposerStats()).add(p)
-        if s.min_logit_gap is not None:
-            self.min_logit_gap = min(self.min_logit_gap or s.min_logit_gap, s.min_logit_gap)
+        self.stats = add_stats(self.stats, result.stats)
 
 
 def load_prompts(
@@ -311,31 +295,25 @@ def _divergences(method: str, prompt: BenchPrompt, plain: Run, run: Run) -> list
 def _aggregate(runs: list[Run], plain: list[Run], comparable: bool = True) -> dict:
     """One (method, category) row over ``runs``; rates are totals over totals, not means of ratios.
     ``comparable``: greedy runs, whose tokens must equal plain's (sampled runs are not compared)."""
-    tokens = sum(r.new_tokens for r in runs)
+    total = functools.reduce(add_stats, (r.stats for r in runs), Stats())
+    tokens, prefill, proposed, steps = total.new_tokens, total.prefill_s, total.proposed, total.steps
     wall = sum(r.wall_s for r in runs)
-    prefill = sum(r.prefill_s for r in runs)
-    proposed = sum(r.proposed for r in runs)
     tps = tokens / wall if wall > 0 else 0.0
     plain_wall = sum(r.wall_s for r in plain)
-    plain_tps = sum(r.new_tokens for r in plain) / plain_wall if plain_wall > 0 else 0.0
-    steps = sum(r.steps for r in runs)
-    by_proposer: dict[str, ProposerStats] = {}
-    for r in runs:
-        for name, p in r.by_proposer.items():
-            by_proposer.setdefault(name, ProposerStats()).add(p)
+    plain_tps = sum(r.stats.new_tokens for r in plain) / plain_wall if plain_wall > 0 else 0.0
     return {
         "tokens_per_s": tps,
         "decode_tokens_per_s": tokens / (wall - prefill) if wall > prefill else 0.0,
         "prefill_s": prefill / max(sum(r.calls for r in runs), 1),
         "speedup_vs_plain": tps / plain_tps if plain_tps > 0 else None,
         "mean_accepted_tokens": tokens / steps if steps else 0.0,
-        "acceptance_rate": sum(r.accepted for r in runs) / proposed if proposed else None,
+        "acceptance_rate": total.accepted / proposed if proposed else None,
         "identical_output_rate": (
             sum(r.turn_ids == p.turn_ids for r, p in zip(runs, plain)) / len(runs) if comparable else None
         ),
-        "near_ties": sum(r.near_ties for r in runs),
-        "min_logit_gap": min((r.min_logit_gap for r in runs if r.min_logit_gap is not None), default=None),
-        "by_proposer": {name: p.as_dict() for name, p in sorted(by_proposer.items())},
+        "near_ties": total.near_ties,
+        "min_logit_gap": total.min_logit_gap,
+        "by_proposer": {name: p.as_dict() for name, p in sorted(total.by_proposer.items())},
     }
 
 
@@ -408,7 +386,7 @@ def to_markdown(report: dict) -> str:
     if mixed:
         lines.append("\nWhich proposer verified each pass (overall; width = draft tokens verified):")
         for m, by in mixed.items():
-            lines.append(f"- {m}: {proposer_line(by)}")
+            lines.append(f"- {m}: {proposer_summary(by)}")
     costs = meta.get("step_costs")
     if costs:
         lines.append("\nStep costs measured on this device (auto's cost model):")
@@ -435,23 +413,6 @@ def to_markdown(report: dict) -> str:
             f"turn {d['turn']} at token {d['position']}."
         )
     return "\n".join(lines) + "\n"
-
-
-def proposer_line(by_proposer: dict) -> str:
-    """``ProposerStats.as_dict`` rows of one method as one line: share of passes, width, acceptance."""
-    steps = sum(p["steps"] for p in by_proposer.values()) or 1
-    parts = []
-    for name, p in sorted(by_proposer.items(), key=lambda kv: -kv[1]["steps"]):
-        share = p["steps"] / steps
-        if name == "plain":
-            parts.append(f"plain {share:.0%} of passes")
-            continue
-        width = p["proposed"] / p["steps"] if p["steps"] else 0.0
-        parts.append(
-            f"{name} {share:.0%} (width {width:.1f}, accepted {p['acceptance_rate']:.0%}, "
-            f"{p['tokens_per_pass']:.2f} tokens/pass)"
-        )
-    return "; ".join(parts)
 
 
 def require_matplotlib() -> None:

@@ -218,24 +218,7 @@ def export(
     help="Thread pools of the runtime that generates the answers: spinning is fastest on an idle machine, "
     "--no-spinning on one that other jobs share.",
 )
-def train_draft(
-    method,
-    target,
-    out,
-    prompts,
-    max_prompts,
-    holdout,
-    answer_tokens,
-    draft_vocab,
-    epochs,
-    lr,
-    medusa_heads,
-    save_every,
-    max_minutes,
-    capacity,
-    threads,
-    spinning,
-):
+def train_draft(method, target, out, **settings):
     """Train EAGLE, EAGLE-3 or Medusa heads on the target's own greedy answers (self-distillation).
 
     \b
@@ -245,26 +228,10 @@ def train_draft(
       specdec-edge train-draft --method eagle3 --target ./SmolLM2-135M-Instruct.Q4_1.gguf --out heads-work
       specdec-edge export-drafter heads-work/eagle3 --out drafters/smollm2-eagle3   # for vLLM/SGLang/TRT-LLM
     """
+    from specdec_edge.export.train_draft import TrainSettings
     from specdec_edge.export.train_draft import train_draft as run
 
-    folder = run(
-        method,
-        target,
-        out,
-        prompts=prompts,
-        max_prompts=max_prompts,
-        holdout=holdout,
-        answer_tokens=answer_tokens,
-        draft_vocab=draft_vocab,
-        epochs=epochs,
-        lr=lr,
-        medusa_heads=medusa_heads,
-        save_every=save_every,
-        max_minutes=max_minutes,
-        capacity=capacity,
-        threads=threads,
-        spinning=spinning,
-    )
+    folder = run(method, target, out, TrainSettings(**settings))  # the options are its fields, by name
     click.echo(f"Wrote {method} heads to {folder}; add them with `specdec-edge export --heads {folder} ...`")
 
 

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from specdec_edge.cli_options import K_OPTION
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.methods import METHODS, options_help
 
@@ -39,15 +40,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.option(
     "--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per turn at most."
 )
-@click.option(
-    "-k",
-    "--k",
-    "k",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
-    "which verifies only the part worth its cost; 4 for the others).",
-)
+@K_OPTION
 @click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True, help="CPU threads.")
 @click.option(
     "--spinning/--no-spinning",
@@ -163,18 +156,8 @@ def bench(
         bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, progress=to_stderr
     )
     meta["options"] = method_options
-    report = run_bench(
-        pipe,
-        wanted,
-        prompts,
-        k=k,
-        max_new_tokens=max_new_tokens,
-        meta=meta,
-        options=method_options,
-        temperature=temperature,
-        seed=seed,
-        allow_inexact=allow_inexact,
-    )
+    run = dict(k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, allow_inexact=allow_inexact)
+    report = run_bench(pipe, wanted, prompts, meta=meta, options=method_options, **run)
     for m, reason in report["skipped_methods"].items():
         click.echo(f"Skipped method {m}: {reason}", err=True)
     for d in report["divergences"]:

@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import click
 
+# -k/--k of chat, generate, serve and bench
+K_OPTION = click.option(
+    "-k",
+    "--k",
+    "k",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
+    "which verifies only the part worth its cost; 4 for the others).",
+)
+
 
 def parse_value(text: str):
     lowered = text.lower()

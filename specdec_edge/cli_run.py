@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from dataclasses import asdict, dataclass
 
 import click
 
+from specdec_edge.cli_options import K_OPTION
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.sampling import SamplingParams
@@ -15,8 +18,58 @@ from specdec_edge.speculative.methods import METHODS, options_help
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+@dataclass(frozen=True)
+class LoadSettings:
+    """What the options of ``pipeline_options`` say about loading the pipeline."""
+
+    bundle: str
+    method: str | None = None
+    k: int | None = None
+    threads: int | None = None
+    spinning: bool = True
+    allow_inexact: bool = False
+    options: tuple[str, ...] = ()  # -o KEY=VALUE, parsed by ``load``
+    provider: str = "cpu"
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What the options of ``generation_options`` say about each answer (``Pipeline.stream``'s keywords)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def check(self) -> None:
+        """Refuse a bad value (e.g. --temperature inf) before the (slow) load."""
+        SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+    def stream(self, pipe, request, stop=None):
+        return pipe.stream(request, stop=stop, **asdict(self))
+
+
+def settings_options(cls, options):
+    """A decorator adding the click ``options``, whose values reach the command as one ``cls`` (a dataclass
+    whose fields are the options' names): after the arguments the decorators outside this one put first."""
+
+    def decorate(f):
+        @functools.wraps(f)
+        def command(*args, **params):
+            settings = cls(**{name: params.pop(name) for name in cls.__dataclass_fields__})
+            return f(*args, settings, **params)
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
 def pipeline_options(f):
-    """The options that load a pipeline: shared by `chat`, `generate` and `serve`."""
+    """The options that load a pipeline, shared by `chat`, `generate` and `serve`: the command gets them as one
+    ``LoadSettings``, its first argument."""
     options = [
         click.argument("bundle", type=click.Path()),
         click.option(
@@ -27,15 +80,7 @@ def pipeline_options(f):
             + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values())
             + ".",
         ),
-        click.option(
-            "-k",
-            "--k",
-            "k",
-            type=click.IntRange(min=1),
-            default=None,
-            help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for "
-            "auto, which verifies only the part worth its cost; 4 for the others).",
-        ),
+        K_OPTION,
         click.option(
             "--threads",
             type=click.IntRange(1, 1024),
@@ -73,13 +118,12 @@ def pipeline_options(f):
             "built by `build-engines`.",
         ),
     ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    return settings_options(LoadSettings, options)(f)
 
 
 def generation_options(f):
-    """The options shared by `chat` and `generate`: the pipeline's, then how to sample."""
+    """The options shared by `chat` and `generate`: the pipeline's (a ``LoadSettings``, the first argument),
+    then how to sample (a ``SamplingSettings``, the second)."""
     options = [
         click.option(
             "--max-new-tokens",
@@ -101,27 +145,23 @@ def generation_options(f):
         ),
         click.option("--seed", type=click.IntRange(min=0), default=None, help="Seed for reproducible sampling."),
     ]
-    for option in reversed(options):
-        f = option(f)
-    return pipeline_options(f)
+    return pipeline_options(settings_options(SamplingSettings, options)(f))
 
 
-def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False, template_file=None):
+def load(settings: LoadSettings, template_file: str | None = None):
+    """The pipeline ``settings`` describe (with the chat template of ``template_file``); what takes a while to
+    measure on first use is reported on stderr."""
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
     from specdec_edge.progress import to_stderr
     from specdec_edge.tokenizer import read_chat_template
 
-    options = parse_options(options)  # option syntax errors before the (slow) load
+    options = parse_options(settings.options)  # option syntax errors before the (slow) load
 
+    keywords = {name: value for name, value in asdict(settings).items() if name not in ("bundle", "options")}
     return Pipeline.load(
-        bundle,
-        method=method,
-        k=k,
-        threads=threads,
-        spinning=spinning,
-        provider=provider,
-        allow_inexact=allow_inexact,
+        settings.bundle,
+        **keywords,
         chat_template=read_chat_template(template_file) if template_file else None,
         progress=to_stderr,
         **options,
@@ -184,23 +224,7 @@ def stats_line(stats) -> str:
     help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
     "Without one, a base model's bundle (no template) runs as a completion REPL.",
 )
-def chat(
-    bundle,
-    method,
-    k,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    threads,
-    spinning,
-    allow_inexact,
-    options,
-    provider,
-    system,
-    template_file,
-):
+def chat(settings: LoadSettings, sampling: SamplingSettings, system, template_file):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
@@ -219,8 +243,8 @@ def chat(
     """
     from specdec_edge.tokenizer import plain_text
 
-    SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template_file)
+    sampling.check()
+    pipe = load(settings, template_file)
     completion = not pipe.tokenizer.has_chat_template
     _line_editing()
     start = [{"role": "system", "content": system}] if system else []
@@ -274,9 +298,7 @@ def chat(
         history.append({"role": "user", "content": line})
         request = plain_text(history) if completion else history
         try:
-            stream = pipe.stream(
-                request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
-            )
+            stream = sampling.stream(pipe, request)
         except SpecdecError as e:
             history.pop()
             click.echo(f"Error: {e} (/reset starts a new conversation)", err=True)
@@ -319,25 +341,7 @@ def chat(
     "a carriage return and a backslash.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
-def generate(
-    bundle,
-    method,
-    k,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    threads,
-    spinning,
-    allow_inexact,
-    options,
-    provider,
-    prompt,
-    template,
-    stop,
-    as_json,
-):
+def generate(settings: LoadSettings, sampling: SamplingSettings, prompt, template, stop, as_json):
     """Generate text for one prompt (for scripts).
 
     \b
@@ -349,19 +353,11 @@ def generate(
     """
     from specdec_edge.pipeline import check_stops
 
-    SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
+    sampling.check()
     stops = check_stops([unescape(s) for s in stop])  # and too many or too long --stop strings
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template or None)
+    pipe = load(settings, template or None)
     request = [{"role": "user", "content": prompt}] if template is not None else prompt
-    stream = pipe.stream(
-        request,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        stop=stops,
-    )
+    stream = sampling.stream(pipe, request, stops)
     with stream:
         for piece in stream:
             if not as_json:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specdec_edge.cli_run import CONTEXT, load, pipeline_options
+from specdec_edge.cli_run import CONTEXT, LoadSettings, load, pipeline_options
 
 
 def is_loopback(host: str) -> bool:
@@ -58,23 +58,7 @@ def is_loopback(host: str) -> bool:
     help="Larger request bodies are refused with 413.",
 )
 @click.option("--model-name", default=None, help="The model id clients send (default: the bundle folder's name).")
-def serve(
-    bundle,
-    method,
-    k,
-    threads,
-    spinning,
-    allow_inexact,
-    options,
-    provider,
-    host,
-    port,
-    api_key,
-    max_queue,
-    timeout_s,
-    max_body_bytes,
-    model_name,
-):
+def serve(settings: LoadSettings, model_name, **server):
     """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
 
     POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models,
@@ -94,23 +78,15 @@ def serve(
     from specdec_edge.serve import check_extra, run
 
     check_extra()
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
-    model = model_name or Path(bundle).resolve().name
-    if not is_loopback(host) and api_key is None:
+    pipe = load(settings)
+    model = model_name or Path(settings.bundle).resolve().name
+    host = server["host"]  # with port, api_key, max_queue, timeout_s and max_body_bytes: run's keywords
+    if not is_loopback(host) and server["api_key"] is None:
         click.secho(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model.",
             fg="yellow",
             err=True,
         )
-    click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{port}/v1 (Ctrl-C stops).")
+    click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{server['port']}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
-    run(
-        pipe,
-        host=host,
-        port=port,
-        model=model,
-        api_key=api_key,
-        max_queue=max_queue,
-        timeout_s=timeout_s,
-        max_body_bytes=max_body_bytes,
-    )
+    run(pipe, model=model, **server)

@@ -29,14 +29,13 @@ import collections
 import itertools
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.loop import Emitted, decode
-from specdec_edge.speculative.stats import Stats
+from specdec_edge.speculative.stats import Stats, add_stats
 
 if TYPE_CHECKING:
     from specdec_edge.runtime.base import Engine
@@ -224,30 +223,6 @@ class Generation:
         """End this generation (from the thread reading it)."""
         self.done, self._steps = True, None
         self.lease.drop(self.id)
-
-
-def add_stats(a: Stats, b: Stats) -> Stats:
-    """The stats of two runs of one generation: counters, timers and per-proposer stats added, the smallest
-    logit gap kept."""
-    out = Stats()
-    for f in fields(Stats):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, Counter):
-            value = Counter(x)
-            value.update(y)
-        elif isinstance(x, dict):  # by_proposer: name -> ProposerStats
-            value = {}
-            for part in (x, y):
-                for name, entry in part.items():
-                    value.setdefault(name, type(entry)()).add(entry)
-        elif f.name == "min_logit_gap":
-            value = min((v for v in (x, y) if v is not None), default=None)
-        elif isinstance(x, (int, float)) and not isinstance(x, bool):
-            value = x + y
-        else:
-            value = y
-        setattr(out, f.name, value)
-    return out
 
 
 def closed_error() -> SpecdecError:

@@ -109,7 +109,7 @@ def test_a_chat_template_file_at_chat_and_generate(base_gemma_bundle, template_f
     assert res.exit_code == 0, res.output
     pipe = Pipeline.load(base_gemma_bundle, method="plain", threads=1, chat_template=CHAT_TEMPLATE)
     want = pipe.generate([{"role": "user", "content": "hi"}], max_new_tokens=6)
-    assert json.loads(res.output)["token_ids"] == want.token_ids
+    assert json.loads(res.stdout)["token_ids"] == want.token_ids
 
     res = invoke(*args, "--chat-template")  # the bundle's own template: a base model has none
     assert res.exit_code == 2 and "no chat template" in res.output and "Traceback" not in res.output

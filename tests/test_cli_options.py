@@ -32,10 +32,10 @@ def test_parse_options_types_and_errors():
 def test_generate_with_method_options_matches_plain(tiny_bundle):
     runner = CliRunner()
     base = ["generate", str(tiny_bundle), "--prompt", "The quick brown fox", "--max-new-tokens", "20", "--json"]
-    plain = json.loads(runner.invoke(main, [*base, "--method", "plain"]).output)
+    plain = json.loads(runner.invoke(main, [*base, "--method", "plain"]).stdout)
     result = runner.invoke(main, [*base, "--method", "lookahead", "-o", "window=2", "-o", "ngram=2", "-o", "guesses=1"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["token_ids"] == plain["token_ids"]
+    assert json.loads(result.stdout)["token_ids"] == plain["token_ids"]
 
 
 def test_unknown_method_option_is_a_clear_error(tiny_bundle):

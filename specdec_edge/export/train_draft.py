@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,28 @@ from specdec_edge.export.head_recipes import HEAD_METHODS, RECIPES, HeadRecipe
 from specdec_edge.export.heads_folder import save_heads, trainable_state
 
 
+@dataclass(frozen=True)
+class TrainSettings:
+    """How ``train_draft`` trains; the defaults are the shipped heads' recipe (``data/heads/README.md``)."""
+
+    prompts: str | Path | None = None  # Spec-Bench style JSONL; None: the packaged Spec-Bench copy
+    max_prompts: int = 0  # 0: every prompt
+    holdout: int = 2  # prompts per category kept out of training
+    answer_tokens: int = 128  # the target's greedy answer per prompt
+    draft_vocab: int = 4096  # tokens of the heads' own vocabulary
+    epochs: int | None = None  # None: the method's ``HeadRecipe.epochs``
+    lr: float = 1e-3
+    batch_tokens: int = 1024
+    save_every: int = 20  # steps between checkpoints
+    max_minutes: float = 0.0  # of training (0: no limit); a rerun continues
+    medusa_heads: int = 4
+    capacity: int | None = None  # the target bundle's KV cache (None: the exporter's default)
+    threads: int | None = 2
+    seed: int = 0
+    progress: bool = True  # progress bars on stderr
+    spinning: bool = True  # False: the runtime generating the answers uses sleeping thread pools
+
+
 @dataclass
 class Prepared:
     """What training reads: the target bundle's manifest and weights, the prompts, sequences and draft vocabulary."""
@@ -49,38 +71,25 @@ class Prepared:
     final_norm: np.ndarray | None = None  # [H] the target's final norm weight, if the graph names it
 
 
-def prepare(
-    target: str,
-    out: Path,
-    *,
-    prompts,
-    max_prompts: int,
-    holdout: int,
-    answer_tokens: int,
-    draft_vocab: int,
-    capacity: int | None,
-    threads: int | None,
-    progress: bool,
-    layers: bool = False,
-    spinning: bool = True,
-) -> Prepared:
+def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> Prepared:
     """Export (or reuse) the target bundle, generate (or reuse) the answers, pick the draft vocabulary.
     ``layers``: the head reads the target's layer features (EAGLE-3); load them too."""
-    bundle = prepare_bundle(target, out, capacity, progress, layers)
+    bundle = prepare_bundle(target, out, s.capacity, s.progress, layers)
     manifest = read_manifest(bundle)
-    texts = load_prompt_texts(prompts, max_prompts, holdout)
+    texts = load_prompt_texts(s.prompts, s.max_prompts, s.holdout)
     data = generate_data(
         bundle,
         texts,
         out / "data",
-        answer_tokens=answer_tokens,
-        threads=threads,
-        progress=progress,
+        answer_tokens=s.answer_tokens,
+        threads=s.threads,
+        progress=s.progress,
         layers=layers,
-        spinning=spinning,
+        spinning=s.spinning,
     )
     embed, lm_head = target_weights(bundle)
-    vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, draft_vocab, manifest.tokenizer.eos_token_ids)
+    eos = manifest.tokenizer.eos_token_ids
+    vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, s.draft_vocab, eos)
     return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, target_final_norm(bundle))
 
 
@@ -222,33 +231,23 @@ def run_training(
 
 
 def training_summary(
-    prep: Prepared,
-    t: Training,
-    *,
-    prompts,
-    holdout: int,
-    answer_tokens: int,
-    epochs: int,
-    lr: float,
-    train_seconds: float,
-    seconds: float,
-    cpu_seconds: float | None = None,
+    prep: Prepared, t: Training, s: TrainSettings, train_seconds: float, seconds: float, cpu_seconds: float | None
 ) -> dict:
-    """The ``training`` section of the heads' config.json (and of a bundle's manifest)."""
+    """The ``training`` section of the heads' config.json (and of a bundle's manifest); ``s.epochs`` resolved."""
     source, losses, agrees = prep.manifest.target.source, t.losses, t.agrees
     return {
         "target": Path(source).name if Path(source).exists() else source,
-        "prompts_file": Path(prompts).name if prompts else "packaged Spec-Bench",
+        "prompts_file": Path(s.prompts).name if s.prompts else "packaged Spec-Bench",
         "prompts": len(prep.texts),
-        "holdout_per_category": holdout,
+        "holdout_per_category": s.holdout,
         "sequences": len(prep.data),
         "tokens": int(sum(len(d["ids"]) for d in prep.data)),
-        "answer_tokens": answer_tokens,
+        "answer_tokens": s.answer_tokens,
         "draft_vocab": len(prep.vocab_ids),
         "steps": t.step,
         "planned_steps": len(t.plan),
-        "epochs": epochs,
-        "lr": lr,
+        "epochs": s.epochs,
+        "lr": s.lr,
         "first_loss": float(np.mean(losses[:10])) if losses else None,
         "final_loss": float(np.mean(losses[-10:])) if losses else None,
         "draft_top1": float(np.mean(agrees[-10:])) if agrees else None,
@@ -259,63 +258,29 @@ def training_summary(
     }
 
 
-def train_draft(
-    method: str,
-    target: str,
-    out: str | Path,
-    *,
-    prompts: str | Path | None = None,
-    max_prompts: int = 0,
-    holdout: int = 2,
-    answer_tokens: int = 128,
-    draft_vocab: int = 4096,
-    epochs: int | None = None,
-    lr: float = 1e-3,
-    batch_tokens: int = 1024,
-    save_every: int = 20,
-    max_minutes: float = 0.0,
-    medusa_heads: int = 4,
-    capacity: int | None = None,
-    threads: int | None = 2,
-    seed: int = 0,
-    progress: bool = True,
-    spinning: bool = True,
-) -> Path:
+def train_draft(method: str, target: str, out: str | Path, settings: TrainSettings | None = None, **changes) -> Path:
     """Train ``method`` heads for ``target``; returns the heads folder ``out/<method>``.
 
-    The defaults are the shipped heads' recipe (``data/heads/README.md``); ``epochs`` defaults to
-    the method's ``HeadRecipe.epochs``. ``spinning=False``: the runtime that generates the answers
-    uses sleeping thread pools (faster on a machine that other jobs share)."""
+    ``settings`` (default ``TrainSettings()``, the shipped heads' recipe) with any of its fields given as
+    keywords (``changes``: e.g. ``epochs=2``)."""
     if method not in RECIPES:
         raise ExportError(f"unknown --method {method!r}; choose one of {', '.join(HEAD_METHODS)}.")
     recipe = RECIPES[method]
-    epochs = epochs or recipe.epochs
-    if threads:
-        torch.set_num_threads(threads)
+    s = replace(settings or TrainSettings(), **changes)
+    s = replace(s, epochs=s.epochs or recipe.epochs)
+    if s.threads:
+        torch.set_num_threads(s.threads)
     out = Path(out)
     with disk_errors(out):
         out.mkdir(parents=True, exist_ok=True)
     prepare_out_dir(out / method, force=True)  # a writable file system, before the long work
     started, cpu_started = time.perf_counter(), time.process_time()
-    prep = prepare(
-        target,
-        out,
-        prompts=prompts,
-        max_prompts=max_prompts,
-        holdout=holdout,
-        answer_tokens=answer_tokens,
-        draft_vocab=draft_vocab,
-        capacity=capacity,
-        threads=threads,
-        progress=progress,
-        layers=recipe.reads_layers,
-        spinning=spinning,
-    )
-    head = build_head(recipe, prep, medusa_heads, seed)
-    t = Training.start(head, batches(prep.data, batch_tokens, epochs, seed), lr)
+    prep = prepare(target, out, s, layers=recipe.reads_layers)
+    head = build_head(recipe, prep, s.medusa_heads, s.seed)
+    t = Training.start(head, batches(prep.data, s.batch_tokens, s.epochs, s.seed), s.lr)
     folder = out / method
     folder.mkdir(exist_ok=True)
-    settings = {"method": method, "config": asdict(head.cfg), "steps": len(t.plan), "lr": lr, "seed": seed}
+    settings = {"method": method, "config": asdict(head.cfg), "steps": len(t.plan), "lr": s.lr, "seed": s.seed}
     checkpoint = Checkpoint(folder / "checkpoint.pt", settings)
     checkpoint.resume(t)
     train_seconds = run_training(
@@ -323,23 +288,13 @@ def train_draft(
         t,
         prep.data,
         checkpoint,
-        batch_tokens=batch_tokens,
-        save_every=save_every,
-        max_minutes=max_minutes,
-        progress=progress,
+        batch_tokens=s.batch_tokens,
+        save_every=s.save_every,
+        max_minutes=s.max_minutes,
+        progress=s.progress,
     )
-    head.cfg.training = training_summary(
-        prep,
-        t,
-        prompts=prompts,
-        holdout=holdout,
-        answer_tokens=answer_tokens,
-        epochs=epochs,
-        lr=lr,
-        train_seconds=train_seconds,
-        seconds=time.perf_counter() - started,
-        cpu_seconds=time.process_time() - cpu_started,
-    )
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    head.cfg.training = training_summary(prep, t, s, train_seconds, seconds, cpu_seconds)
     if isinstance(head, Eagle3Head):
         head.fold_feature_scale()  # the checkpoint above keeps the unfolded weights a rerun continues from
     return save_heads(folder, head.eval(), prep.vocab_ids)

@@ -23,9 +23,16 @@ import numpy as np
 
 from specdec_edge.errors import SpecdecError
 
-# The backends that implement this contract (runtime/factory.py): ONNX Runtime on the CPU, its CUDA
-# and TensorRT execution providers, and the APIs of TensorRT and TensorRT-RTX on prebuilt engines.
-BACKENDS = ("cpu", "cuda", "tensorrt", "trt", "trt-rtx")
+# The backends that implement this contract, by provider name, and the engine class that runs each
+# (runtime/factory.py): ONNX Runtime on the CPU, its CUDA and TensorRT execution providers, and the APIs
+# of TensorRT and TensorRT-RTX on prebuilt engines.
+BACKENDS = {
+    "cpu": "OrtEngine",
+    "cuda": "OrtGpuEngine",
+    "tensorrt": "OrtGpuEngine",
+    "trt": "TensorRTEngine",
+    "trt-rtx": "TensorRTEngine",
+}
 # The widest passes an engine must accept: prefill runs in chunks of PREFILL_CHUNK tokens; a
 # verified tree has at most MAX_VERIFY nodes (GPU engines build their shape profiles for these).
 PREFILL_CHUNK = 256

@@ -60,9 +60,10 @@ def open_engine(
             "drop cuda_graph or use provider='cuda'."
         )
     check_cache_memory(graph, root / graph.path)  # before any session or buffer
-    if provider == "cpu":
+    engine = BACKENDS[provider]
+    if engine == "OrtEngine":
         return OrtEngine(root / graph.path, graph, provider=provider, cpu=cpu)
-    if provider in ("trt", "trt-rtx"):
+    if engine == "TensorRTEngine":
         from specdec_edge.runtime.tensorrt_engine import TensorRTEngine
 
         return TensorRTEngine.from_bundle(root, role, graph, gpu.pad_to, backend=provider)

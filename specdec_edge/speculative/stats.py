@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -110,17 +111,7 @@ class Stats:
 
     def proposer_summary(self) -> str:
         """One line: each proposer's share of the passes, width, acceptance and tokens per pass."""
-        steps = self.steps or 1
-        parts = []
-        for name, s in sorted(self.by_proposer.items(), key=lambda kv: -kv[1].steps):
-            if name == "plain":
-                parts.append(f"plain {s.steps / steps:.0%} of passes")
-                continue
-            parts.append(
-                f"{name} {s.steps / steps:.0%} (width {s.proposed / s.steps:.1f}, accepted "
-                f"{s.acceptance_rate:.0%}, {s.tokens_per_pass:.2f} tokens/pass)"
-            )
-        return "; ".join(parts)
+        return proposer_summary({name: s.as_dict() for name, s in self.by_proposer.items()})
 
     def as_dict(self) -> dict:
         """Plain JSON-able dict: the counters, the timers and the derived rates."""
@@ -137,3 +128,45 @@ class Stats:
         ):
             d[name] = getattr(self, name)
         return d
+
+
+def add_stats(a: Stats, b: Stats) -> Stats:
+    """The stats of two runs (of one generation that resumed, or a bench prompt's turns): counters, timers and
+    per-proposer stats added, the smallest logit gap kept."""
+    out = Stats()
+    for f in fields(Stats):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, Counter):
+            value = Counter(x)
+            value.update(y)
+        elif isinstance(x, dict):  # by_proposer: name -> ProposerStats
+            value = {}
+            for part in (x, y):
+                for name, entry in part.items():
+                    value.setdefault(name, type(entry)()).add(entry)
+        elif f.name == "min_logit_gap":
+            value = min((v for v in (x, y) if v is not None), default=None)
+        elif isinstance(x, (int, float)) and not isinstance(x, bool):
+            value = x + y
+        else:
+            value = y
+        setattr(out, f.name, value)
+    return out
+
+
+def proposer_summary(by_proposer: Mapping[str, Mapping]) -> str:
+    """``ProposerStats.as_dict`` rows (``Stats.by_proposer``, or a bench report's) as one line: each proposer's
+    share of the passes, width, acceptance and tokens per pass."""
+    steps = sum(p["steps"] for p in by_proposer.values()) or 1
+    parts = []
+    for name, p in sorted(by_proposer.items(), key=lambda kv: -kv[1]["steps"]):
+        share = p["steps"] / steps
+        if name == "plain":
+            parts.append(f"plain {share:.0%} of passes")
+            continue
+        width = p["proposed"] / p["steps"] if p["steps"] else 0.0
+        parts.append(
+            f"{name} {share:.0%} (width {width:.1f}, accepted {p['acceptance_rate']:.0%}, "
+            f"{p['tokens_per_pass']:.2f} tokens/pass)"
+        )
+    return "; ".join(parts)
