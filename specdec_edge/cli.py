@@ -7,6 +7,7 @@ Heavy imports (torch, transformers) happen inside `export` only, so `chat`,
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -154,10 +155,26 @@ def export(
 )
 @click.option(
     "--prompts",
-    type=click.Path(exists=True, dir_okay=False),
+    type=str,
     default=None,
-    help="Spec-Bench style JSONL (first turns are used) or a text file, one prompt a line. "
-    "Default: the packaged Spec-Bench copy.",
+    help="Spec-Bench style JSONL (first turns are used) or a text file, one prompt a line; `spec-bench`: the "
+    "packaged Spec-Bench copy. Default: prompts the target writes itself (see --self-prompts).",
+)
+@click.option(
+    "--self-prompts",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Without --prompts: how many requests the target writes itself, given only the start of its chat "
+    "template's user turn (a chat model; a base model needs --prompts). Kept in OUT/prompts.jsonl.",
+)
+@click.option(
+    "--answer-batch",
+    type=click.IntRange(0, 64),
+    default=32,
+    show_default=True,
+    help="The PyTorch model answers this many prompts at a time (with the features the heads read); 0: our "
+    "runtime, one at a time (always so for a bundle given as --target).",
 )
 @click.option(
     "--max-prompts",
@@ -215,19 +232,25 @@ def export(
     "--spinning/--no-spinning",
     default=True,
     show_default=True,
-    help="Thread pools of the runtime that generates the answers: spinning is fastest on an idle machine, "
-    "--no-spinning on one that other jobs share.",
+    help="Thread pools that generate the answers: spinning is fastest on an idle machine, --no-spinning "
+    "(also PyTorch's: OMP_WAIT_POLICY=PASSIVE) on one that other jobs share.",
 )
 def train_draft(method, target, out, **settings):
     """Train EAGLE, EAGLE-3 or Medusa heads on the target's own greedy answers (self-distillation).
+
+    Without --prompts the target first writes its own requests (a chat model, sampled from the start of
+    its user turn), so no dataset is needed; the answers come from the PyTorch model in batches.
 
     \b
     Examples:
       specdec-edge train-draft --method eagle --target ./SmolLM2-135M-Instruct.Q4_1.gguf --out heads-work
       specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --heads heads-work/eagle --out bundles/eagle
       specdec-edge train-draft --method eagle3 --target ./SmolLM2-135M-Instruct.Q4_1.gguf --out heads-work
+      specdec-edge train-draft --method eagle --target ./model --prompts my-requests.txt --out heads-work
       specdec-edge export-drafter heads-work/eagle3 --out drafters/smollm2-eagle3   # for vLLM/SGLang/TRT-LLM
     """
+    if not settings["spinning"]:  # before torch starts its OpenMP pool: waiting threads sleep instead of spin
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from specdec_edge.export.train_draft import TrainSettings
     from specdec_edge.export.train_draft import train_draft as run
 

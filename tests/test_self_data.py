@@ -38,6 +38,8 @@ def test_a_base_model_cannot_write_prompts(base_gemma_dir):
         ("word " * 200, "long"),
         ("Tell me <|im_start|> more about it", "markup"),
         ("!!! ??? ### 123 456 *** ^^^ %%%", "symbols"),
+        ("Tell me \ufffd\ufffd about it", "undecodable"),
+        ("Tell me\x1f more about it", "undecodable"),
         ("Write a poem about the sea and the sky", None),
         ("write a POEM about the sea  and the sky", "duplicate"),
     ],
@@ -104,3 +106,95 @@ def test_prompts_that_do_not_fit_are_left_out(tiny):
         model, tok, ["short one", "word " * 80], answer_tokens=8, capacity=40, batch=4, progress=False
     )
     assert len(got) == 1 and got[0][2] == len(self_data.encode_prompt(tok, "short one"))
+
+
+REQUESTS = [
+    f"{verb} the {noun} in three sentences."
+    for verb in ("Summarize", "Explain", "Rewrite", "Describe")
+    for noun in ("article", "fox", "dog", "code", "text")
+]
+
+
+@pytest.fixture(scope="module")
+def chatty_dir(tmp_path_factory, tiny_llama_dir):
+    """The tiny model taught (a few hundred steps) to write requests in its user turn and answer them: a chat
+    model whose self-written prompts are real sentences, so the whole no-dataset path can run."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("models") / "chatty"
+    shutil.copytree(tiny_llama_dir, folder, dirs_exist_ok=True)
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    chats = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": r}, {"role": "assistant", "content": "The quick brown fox jumps."}],
+            tokenize=False,
+        )
+        for r in REQUESTS
+    ]
+    batch = tok(chats, return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(300):
+        loss = model(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().save_pretrained(folder)
+    return folder
+
+
+def test_a_chat_model_writes_requests_like_those_it_learned(chatty_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(chatty_dir).eval(), AutoTokenizer.from_pretrained(chatty_dir)
+    report = self_data.generate_prompts(model, tok, 6, seed=0, batch=8, max_tokens=24, progress=False)
+    assert len(report.prompts) >= 3, report.summary()
+    learned = {w.strip(".") for r in REQUESTS for w in r.split()}
+    for p in report.prompts:
+        assert set(w.strip(".") for w in p.split()) <= learned, p  # its own words, not bytes of noise
+
+
+def test_train_draft_without_a_dataset(tmp_path, chatty_dir):
+    """No --prompts: the target writes them (kept in OUT/prompts.jsonl, read back on a rerun), the PyTorch model
+    answers them in batches, heads train on that; another seed's file is refused, a random model's noise too."""
+    import json
+
+    from specdec_edge.export.train_draft import train_draft
+    from tests.tiny_models import TRAIN
+
+    settings = dict(TRAIN, self_prompts=5, answer_batch=4, epochs=2)
+    folder = train_draft("medusa", str(chatty_dir), tmp_path, **settings)
+    lines = (tmp_path / "prompts.jsonl").read_text().splitlines()
+    header, prompts = json.loads(lines[0]), [json.loads(ln)["turns"][0] for ln in lines[1:]]
+    assert header["self_written_prompts"] == 5 and 1 <= len(prompts) <= 5
+    training = json.loads((folder / "config.json").read_text())["training"]
+    assert training["prompts"] == len(prompts) and training["answers"] == "PyTorch, batches of 4"
+    assert training["prompts_file"].startswith("written by the target")
+    before = (tmp_path / "prompts.jsonl").stat().st_mtime_ns
+    train_draft("medusa", str(chatty_dir), tmp_path, **settings)  # a rerun reads them back
+    assert (tmp_path / "prompts.jsonl").stat().st_mtime_ns == before
+    with pytest.raises(ExportError, match="other settings"):
+        train_draft("medusa", str(chatty_dir), tmp_path, **dict(settings, seed=1))
+
+
+def test_a_model_that_writes_noise_is_told_to_give_prompts(tmp_path, tiny_llama_dir):
+    from specdec_edge.export.train_draft import train_draft
+    from tests.tiny_models import TRAIN
+
+    with pytest.raises(ExportError, match="--prompts"):
+        train_draft("medusa", str(tiny_llama_dir), tmp_path, **dict(TRAIN, self_prompts=2, answer_batch=4))
+
+
+def test_a_bundle_target_needs_prompts(tmp_path, tiny_llama_dir):
+    from specdec_edge.export.exporter import export_bundle
+    from specdec_edge.export.train_draft import train_draft
+    from tests.tiny_models import TRAIN
+
+    bundle = export_bundle(str(tiny_llama_dir), tmp_path / "b", hidden_states=True, capacity=256, progress=False)
+    with pytest.raises(ExportError, match="--prompts"):
+        train_draft("medusa", str(bundle), tmp_path / "work", **TRAIN)

@@ -86,6 +86,8 @@ def drop_reason(text: str, ids: list[int], *, min_words: int, max_words: int, se
         return "long"
     if _MARKUP.search(text):
         return "markup"
+    if "\ufffd" in text or any(ord(c) < 32 and c not in "\n\t" for c in text):
+        return "undecodable"
     letters = sum(c.isalpha() for c in text)
     if letters < 0.5 * len(text.replace(" ", "")):
         return "symbols"
@@ -246,3 +248,63 @@ def _features(model, seqs: list[list[int]], feature_layers: tuple[int, ...], pad
     if feature_layers:
         layers = torch.cat([hidden[k] for k in feature_layers], dim=-1).to(torch.float16).numpy()
     return [(final[b, : len(s)], None if layers is None else layers[b, : len(s)]) for b, s in enumerate(seqs)]
+
+
+def torch_target(target: str):
+    """The PyTorch model and tokenizer of ``target`` (``sources.LoadedModel``), or None for a bundle (which
+    holds ONNX graphs only: its answers come from our runtime, its prompts from a file)."""
+    from pathlib import Path
+
+    if (Path(target) / "manifest.json").is_file():
+        return None
+    from specdec_edge.export.sources import load_model
+
+    return load_model(target)
+
+
+def self_written_prompts(loaded, path, n: int, seed: int, progress: bool) -> list[str]:
+    """``n`` prompts the target writes itself, cached in ``path`` (JSONL: a header line, then one
+    ``{"turns": [text]}`` per prompt) so a rerun reads them back; a file made with other settings is refused."""
+    import json
+    from pathlib import Path
+
+    from specdec_edge.atomic import write_atomic
+
+    path = Path(path)
+    header = {"self_written_prompts": n, "seed": seed, "source": loaded.source}
+    if path.is_file():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if not lines or json.loads(lines[0]) != header:
+            raise ExportError(f"{path} holds prompts written with other settings; use a new --out or delete it.")
+        return [json.loads(ln)["turns"][0] for ln in lines[1:]]
+    report = generate_prompts(loaded.model, loaded.tokenizer, n, seed=seed, progress=progress)
+    if not report.prompts:
+        raise ExportError(
+            f"the target wrote no usable prompt in {report.sampled} tries ({dict(report.dropped)}); "
+            "give a prompt file with --prompts FILE."
+        )
+    if progress:
+        print(f"train-draft: the target wrote {len(report.prompts)} prompts: {report.summary()}", file=sys.stderr)
+    rows = [json.dumps(header)] + [json.dumps({"turns": [p]}) for p in report.prompts]
+    write_atomic(path, "\n".join(rows) + "\n")
+    return report.prompts
+
+
+def batch_answerer(loaded, capacity: int, feature_layers: tuple[int, ...], answer_tokens: int, batch: int):
+    """``draft_data.generate_data``'s ``answer`` callable over the PyTorch model (in batches of ``batch``)."""
+    width = loaded.model.config.hidden_size
+
+    def answer(texts: list[str]) -> tuple[list[tuple], int]:
+        seqs = generate_answers(
+            loaded.model,
+            loaded.tokenizer,
+            texts,
+            answer_tokens=answer_tokens,
+            capacity=capacity,
+            feature_layers=feature_layers,
+            batch=batch,
+            progress=False,
+        )
+        return seqs, width
+
+    return answer

@@ -34,13 +34,16 @@ from specdec_edge.export.head_export import target_final_norm, target_weights
 from specdec_edge.export.head_modules import Eagle3Head, FrozenTarget
 from specdec_edge.export.head_recipes import HEAD_METHODS, RECIPES, HeadRecipe
 from specdec_edge.export.heads_folder import save_heads, trainable_state
+from specdec_edge.export.self_data import batch_answerer, self_written_prompts, torch_target
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """How ``train_draft`` trains; the defaults are the shipped heads' recipe (``data/heads/README.md``)."""
 
-    prompts: str | Path | None = None  # Spec-Bench style JSONL; None: the packaged Spec-Bench copy
+    prompts: str | Path | None = None  # Spec-Bench style JSONL or text file, or "spec-bench"; None: self-written
+    self_prompts: int = 1024  # prompts the target writes itself when ``prompts`` is None
+    answer_batch: int = 32  # answers the PyTorch model generates at a time, at most PART (0: our runtime, one by one)
     max_prompts: int = 0  # 0: every prompt
     holdout: int = 2  # prompts per category kept out of training
     answer_tokens: int = 128  # the target's greedy answer per prompt
@@ -76,7 +79,23 @@ def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> P
     ``layers``: the head reads the target's layer features (EAGLE-3); load them too."""
     bundle = prepare_bundle(target, out, s.capacity, s.progress, layers)
     manifest = read_manifest(bundle)
-    texts = load_prompt_texts(s.prompts, s.max_prompts, s.holdout)
+    graph = manifest.target.graph
+    loaded = torch_target(target) if s.prompts is None or s.answer_batch else None
+    if s.prompts is not None:
+        texts = load_prompt_texts(s.prompts, s.max_prompts, s.holdout)
+    elif loaded is None:
+        raise ExportError(
+            f"{target} is a bundle (ONNX graphs only), which cannot write its own prompts; give a prompt file "
+            "with --prompts FILE (or --prompts spec-bench), or the model itself as --target."
+        )
+    else:
+        texts = self_written_prompts(loaded, out / "prompts.jsonl", s.self_prompts, s.seed, s.progress)
+    answer = None
+    if loaded is not None and s.answer_batch:
+        # the layer features too, as the runtime's parts hold them: one data folder serves every head method
+        answer = batch_answerer(
+            loaded, graph.cache.capacity, tuple(graph.feature_layers), s.answer_tokens, s.answer_batch
+        )
     data = generate_data(
         bundle,
         texts,
@@ -86,6 +105,7 @@ def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> P
         progress=s.progress,
         layers=layers,
         spinning=s.spinning,
+        answer=answer,
     )
     embed, lm_head = target_weights(bundle)
     eos = manifest.tokenizer.eos_token_ids
@@ -237,7 +257,8 @@ def training_summary(
     source, losses, agrees = prep.manifest.target.source, t.losses, t.agrees
     return {
         "target": Path(source).name if Path(source).exists() else source,
-        "prompts_file": Path(s.prompts).name if s.prompts else "packaged Spec-Bench",
+        "prompts_file": Path(s.prompts).name if s.prompts else f"written by the target (seed {s.seed})",
+        "answers": f"PyTorch, batches of {s.answer_batch}" if s.answer_batch else "our runtime, one at a time",
         "prompts": len(prep.texts),
         "holdout_per_category": s.holdout,
         "sequences": len(prep.data),
