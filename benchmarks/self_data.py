@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -53,9 +54,17 @@ def main() -> None:
     ap.add_argument("--compare", type=int, default=16, help="answers also made the old way (0: skip)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--no-spinning",
+        action="store_true",
+        help="sleeping thread pools for both (PyTorch: OMP_WAIT_POLICY=PASSIVE, set before torch loads; ours: "
+        "spinning=False): the fair setting on a machine other jobs share",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
+    if args.no_spinning:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     import torch
 
     from specdec_edge.export import self_data
@@ -70,6 +79,7 @@ def main() -> None:
     texts = report.prompts
     spread = Counter(topic(t) for t in texts)
     result = {"prompts": report.summary(), "prompt_seconds": prompt_s, "topics": dict(spread.most_common())}
+    result["machine"] = {"threads": args.threads, "spinning": not args.no_spinning, "load_avg": os.getloadavg()}
     result["sample"] = texts[:: max(1, len(texts) // 12)][:12]
     print(json.dumps(result, indent=1), file=sys.stderr)
 
@@ -92,7 +102,7 @@ def main() -> None:
 
         bundle = prepare_bundle(args.target, args.work, 2048, progress=True)
         sub = texts[: args.compare]
-        with Pipeline.load(bundle, method="plain", threads=args.threads) as pipe:
+        with Pipeline.load(bundle, method="plain", threads=args.threads, spinning=not args.no_spinning) as pipe:
             t0 = time.perf_counter()
             ref, _ = _answer(pipe, sub, args.answer_tokens)
             old_s = time.perf_counter() - t0

@@ -125,7 +125,7 @@ def generate_prompts(
     torch.manual_seed(seed)
     bar = tqdm(total=n, desc="write prompts", unit="prompt", file=sys.stderr, disable=not progress)
     while len(report.prompts) < n and report.sampled < 20 * n:
-        inputs = torch.tensor([prefix] * batch)
+        inputs = torch.tensor([prefix] * batch, device=model.device)
         with torch.inference_mode():
             out = model.generate(
                 inputs,
@@ -214,8 +214,8 @@ def _greedy(model, prompts: list[list[int]], answer_tokens: int, stops: list[int
     import torch
 
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with torch.inference_mode():
         out = model.generate(
             ids,
@@ -238,15 +238,15 @@ def _features(model, seqs: list[list[int]], feature_layers: tuple[int, ...], pad
     import torch
 
     width = max(map(len, seqs))
-    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
-    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=model.device)
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=model.device)
     with torch.inference_mode():
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
     hidden = out.hidden_states  # embeddings, then each layer's output; the last one after the final norm
-    final = hidden[-1].to(torch.float16).numpy()
+    final = hidden[-1].to(torch.float16).cpu().numpy()
     layers = None
     if feature_layers:
-        layers = torch.cat([hidden[k] for k in feature_layers], dim=-1).to(torch.float16).numpy()
+        layers = torch.cat([hidden[k] for k in feature_layers], dim=-1).to(torch.float16).cpu().numpy()
     return [(final[b, : len(s)], None if layers is None else layers[b, : len(s)]) for b, s in enumerate(seqs)]
 
 
@@ -257,9 +257,14 @@ def torch_target(target: str):
 
     if (Path(target) / "manifest.json").is_file():
         return None
+    import torch
+
     from specdec_edge.export.sources import load_model
 
-    return load_model(target)
+    loaded = load_model(target)
+    if torch.cuda.is_available():  # a GPU workstation: prompts and batched answers there, fp32 as on the CPU
+        loaded.model.to("cuda")
+    return loaded
 
 
 def self_written_prompts(loaded, path, n: int, seed: int, progress: bool) -> list[str]:
