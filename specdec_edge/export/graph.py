@@ -15,7 +15,7 @@ takes it as wide as the cache capacity (``GraphSpec.capacity_bias``): fixed-shap
 
 The residual stream (embeddings, each layer's sums, the norms over it) is fp32 in every graph, fp16 ones included:
 only the linear layers, attention and the MLP run in fp16 there. Gemma 3's stream outgrows fp16 (65,504): measured
-on Gemma-3-270M, up to 6.4e4 after 12 layers on random tokens, then inf, then NaN (docs/PERFORMANCE.md,
+on Gemma-3-270M, past it at the ``<bos>`` token of real text (up to 1.0e5), then inf, then NaN (docs/PERFORMANCE.md,
 "Gemma-3 fp16").
 
 Layout: ``build_decoder`` runs the steps of a ``DecoderGraph`` (inputs, masks, embedding, layers, tied head,
