@@ -86,7 +86,15 @@ def test_precisions_export_validate_and_speculate_exactly(tiny_llama_dir, tmp_pa
         assert "MatMulNBits" in ops and "MatMul" not in ops
     # Measured at export, not assumed from the dtype: one-row passes are padded to two.
     invariance = m.target.validation["batch_invariance"]
-    assert m.target.graph.batch_invariant and invariance["failed_widths"] == [] and invariance["max_width"] == 64
+    assert m.target.graph.batch_invariant
+    if dtype != "fp16":
+        assert invariance["failed_widths"] == [] and invariance["max_width"] == 64
+    else:  # measured, and applied: passes are cut to the widest width that matched (speculation below stays exact)
+        # On an x86 CPU, ONNX Runtime runs the fp16 MatMuls in fp32 on fp32 copies of the weights
+        # (FuseFp16InitializerToFp32NodeTransformer), whose sums differ in the last bits between some pass widths;
+        # the residual stream is fp32 (export/graph.py), so nothing rounds that away (measured: widths 16 and 32
+        # on this model, on an AMD EPYC).
+        assert invariance["max_width"] >= 8 and invariance["max_width"] == m.target.graph.verdict["max_width"]
     assert m.target.graph.min_pass_width == (1 if invariance["single_row_matches"] else 2)
     from specdec_edge import Pipeline
     from tests.test_methods import assert_greedy_equals_plain

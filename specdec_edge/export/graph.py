@@ -13,6 +13,11 @@ Both take ``attention_bias`` ``[B, 1, S, past+S]`` (0 = attend, -inf = masked) s
 of draft tokens (siblings sharing a position id) is verified in one pass. The ``ort`` flavour also
 takes it as wide as the cache capacity (``GraphSpec.capacity_bias``): fixed-shape decode passes.
 
+The residual stream (embeddings, each layer's sums, the norms over it) is fp32 in every graph, fp16 ones included:
+only the linear layers, attention and the MLP run in fp16 there. Gemma 3's stream outgrows fp16 (65,504): measured
+on Gemma-3-270M, past it at the ``<bos>`` token of real text (up to 1.0e5), then inf, then NaN (docs/PERFORMANCE.md,
+"Gemma-3 fp16").
+
 Layout: ``build_decoder`` runs the steps of a ``DecoderGraph`` (inputs, masks, embedding, layers, tied head,
 outputs); ``OrtAttention`` and ``PortableAttention`` are the two attention flavours; the linear layers
 (float, int8, 4-bit and GGUF blocks) and quantized gathers are ``export.linears.Linears``.
@@ -110,7 +115,8 @@ def build_decoder(
     ``dtype``: "fp32" or "fp16" weights everywhere; "int8": linear layers as int8 per channel, each
     activation row quantized with its own scale (``MatMulInteger``); "int4": linear layers as 4-bit
     blocks (``MatMulNBits``). Weights in ``cfg.quantized`` are used as they are, whatever ``dtype``.
-    Norms, the embedding table and the cache stay fp32 (fp16 for "fp16").
+    Norms, the embedding table and the cache stay fp32 (fp16 for "fp16", except the residual stream and its norms,
+    fp32 in every graph: ``DecoderGraph.to_stream``).
 
     A tied model (LM head == embedding) stores the table once (``tied_weights``): the embedding
     Gather and the LM head read the same initializer(s).
@@ -141,6 +147,7 @@ class DecoderGraph:
         self.cfg, self.arch, self.flavour, self.dtype, self.capacity = cfg, cfg.arch, flavour, dtype, capacity
         self.wdt = np.dtype(np.float16 if dtype == "fp16" else np.float32)
         self.elem = NP_TO_ONNX[self.wdt]
+        self.half = self.wdt == np.float16  # fp16 weights; the residual stream stays fp32 (to_stream, to_weights)
         self.b = Builder()
         self.weights = dict(cfg.weights)  # local: the LM head of a tied model stored twice is added (lm_head)
         self.linears = Linears(self.b, self.weights, dict(cfg.quantized), dtype, self.wdt)
@@ -155,6 +162,17 @@ class DecoderGraph:
     def fconst(self, value) -> str:
         """A constant in the weights' float type."""
         return self.b.const(value, self.wdt)
+
+    def to_stream(self, h: str) -> str:
+        """A value in the weights' float type (a sublayer's output, an embedding row) -> the residual stream's fp32.
+
+        In fp16 graphs the stream is kept fp32: Gemma 3's outgrows fp16's 65,504 (inf, then NaN after the next
+        norm, and GroupQueryAttention's probabilities x values then spread the NaN to every row of the pass)."""
+        return self.b.op("Cast", h, to=TensorProto.FLOAT) if self.half else h
+
+    def to_weights(self, x: str) -> str:
+        """A stream value (fp32) -> the weights' float type, as a linear layer reads it."""
+        return self.b.op("Cast", x, to=self.elem) if self.half else x
 
     # ---- I/O declarations
     def declare_inputs(self) -> None:
@@ -178,11 +196,10 @@ class DecoderGraph:
 
     def declare_outputs(self, logits: str, x: str, hidden_states: bool, taps: list[str]) -> None:
         """Outputs: logits [B, kept, V], present.{i}.key/value, hidden states x [B, S, H] if ``hidden_states``,
-        layer features (``taps`` [B, S, H] each, concatenated) if any; all float32."""
+        layer features (``taps`` [B, S, H] each, concatenated) if any; all float32 (x and the taps: stream values)."""
         b, cfg = self.b, self.cfg
-        if self.wdt == np.float16:
+        if self.half:
             logits = b.op("Cast", logits, to=TensorProto.FLOAT)
-            x = b.op("Cast", x, to=TensorProto.FLOAT)  # unused without hidden_states (kept: the fp16 graphs' bytes)
         self._output(logits, "logits", ["batch", "kept", cfg.vocab_size])
         b.outputs += [
             helper.make_tensor_value_info(f"present.{i}.{kind}", self.elem, self.cache_shape)
@@ -210,11 +227,8 @@ class DecoderGraph:
 
     # ---- feature taps
     def features(self, taps: list[str]) -> str:
-        """The residual streams entering the feature layers, [B, S, H] each -> [B, S, n*H] float32."""
-        feats = self.b.op("Concat", *taps, axis=-1) if len(taps) > 1 else taps[0]
-        if self.wdt == np.float16:
-            feats = self.b.op("Cast", feats, to=TensorProto.FLOAT)
-        return feats
+        """The residual streams entering the feature layers, [B, S, H] fp32 each -> [B, S, n*H] float32."""
+        return self.b.op("Concat", *taps, axis=-1) if len(taps) > 1 else taps[0]
 
     # ---- per-step values
     def masks(self) -> None:
@@ -234,20 +248,22 @@ class DecoderGraph:
 
     # ---- embedding and tied head
     def embed(self) -> str:
-        """Token embeddings [B, S, H]: a float table's rows, or a shared quantized table's rows dequantized."""
+        """Token embeddings [B, S, H] fp32 (the stream): a float table's rows, or a shared quantized table's rows
+        dequantized."""
         b = self.b
         if isinstance(self.shared, (BlockQuantized, ChannelQuantized)):  # one quantized table, also the LM head
             x = self.linears.rows("input_ids", EMBED, self.shared)  # a GGUF's own blocks or int8 rows
         else:  # a float table: the embedding's own, or (shared == "float") the LM head's too
-            x = b.op("Gather", b.init(EMBED, self.weights[EMBED].astype(self.wdt)), "input_ids", axis=0)
+            x = self.to_stream(b.op("Gather", b.init(EMBED, self.weights[EMBED].astype(self.wdt)), "input_ids", axis=0))
         if self.arch.embed_scale:
-            x = b.op("Mul", x, self.fconst(np.sqrt(self.cfg.hidden_size)))
+            x = b.op("Mul", x, b.const(np.sqrt(self.cfg.hidden_size), np.float32))
         return x
 
     def lm_head(self, x: str) -> str:
-        """Logits [B, kept, V] of the last ``logits_to_keep`` rows of x [B, S, H], soft-capped if the model is."""
+        """Logits [B, kept, V] of the last ``logits_to_keep`` rows of x [B, S, H] fp32, soft-capped if the model is."""
         b, cfg = self.b, self.cfg
         last = b.op("Slice", x, b.op("Neg", "logits_to_keep"), b.const([np.iinfo(np.int64).max]), b.const([1]))
+        last = self.to_weights(last)
         if self.shared is None and self.tied:  # two tables: the head is quantized from the float embedding
             self.weights["lm_head.weight"] = self.weights[EMBED]
             if EMBED in self.linears.forms:
@@ -264,38 +280,41 @@ class DecoderGraph:
         return logits
 
     # ---- norms
-    def norm_weight(self, name: str) -> str:
-        return self.b.init(name, (self.weights[name] + self.arch.norm_offset).astype(self.wdt))
+    def norm_weight(self, name: str, dtype=np.float32) -> str:
+        return self.b.init(name, (self.weights[name] + self.arch.norm_offset).astype(dtype))
 
-    def rms_norm(self, x: str, wname: str) -> str:
-        """RMSNorm over the last axis of x [..., H] (fp32 statistics for fp16 weights)."""
+    def rms_norm(self, x: str, wname: str, *, stream: bool = True) -> str:
+        """RMSNorm over the last axis of x [..., H], fp32 statistics. ``stream``: x, the weight and the result
+        are fp32 (the residual stream's norms); else in the weights' float type (the per-head q/k norms)."""
         b = self.b
+        dtype = np.float32 if stream else self.wdt
         if self.flavour == "ort":
             return b.op(
                 "SimplifiedLayerNormalization",
                 x,
-                self.norm_weight(wname),
+                self.norm_weight(wname, dtype),
                 axis=-1,
                 epsilon=self.cfg.rms_eps,
                 stash_type=1,
             )
-        half = self.wdt == np.float16
+        half = self.half and not stream
         xf = b.op("Cast", x, to=TensorProto.FLOAT) if half else x
         ms = b.op("ReduceMean", b.op("Mul", xf, xf), axes=[-1], keepdims=1)
         inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(self.cfg.rms_eps, np.float32))))
         y = b.op("Mul", xf, inv)
         if half:
             y = b.op("Cast", y, to=self.elem)
-        return b.op("Mul", y, self.norm_weight(wname))
+        return b.op("Mul", y, self.norm_weight(wname, dtype))
 
     def add_norm(self, x: str, h: str, wname: str) -> tuple[str, str]:
-        """(x + h, rms_norm(x + h)), x and h [B, S, H]: one fused SkipSimplifiedLayerNormalization on ``ort``."""
+        """(x + h, rms_norm(x + h)), x and h [B, S, H] fp32 (stream values): one fused SkipSimplifiedLayerNormalization
+        on ``ort``."""
         if self.flavour == "ort":
             out = self.b.op(
                 "SkipSimplifiedLayerNormalization",
                 h,
                 x,
-                self.norm_weight(wname),
+                self.norm_weight(wname),  # fp32: the stream's
                 domain="com.microsoft",
                 outputs=4,
                 epsilon=self.cfg.rms_eps,
@@ -307,7 +326,7 @@ class DecoderGraph:
     def head_norm(self, x: str, n: int, wname: str) -> str:
         """Per-head RMSNorm of x [B, S, n*hd]."""
         hd = self.cfg.head_dim
-        y = self.rms_norm(self.b.op("Reshape", x, self.b.const([0, 0, n, hd])), wname)  # [B, S, n, hd]
+        y = self.rms_norm(self.b.op("Reshape", x, self.b.const([0, 0, n, hd])), wname, stream=False)  # [B, S, n, hd]
         return self.b.op("Reshape", y, self.b.const([0, 0, n * hd]))
 
     # ---- decoder layers
@@ -324,17 +343,18 @@ class DecoderGraph:
         return normed, entering
 
     def layer(self, i: int, x: str, normed: str, next_norm: str) -> tuple[str, str]:
-        """Layer i over the residual stream x [B, S, H] (``normed``: its input norm) -> (the stream after the
-        layer [B, S, H], its norm by ``next_norm``: the next layer's input norm, or the final norm)."""
+        """Layer i over the residual stream x [B, S, H] (``normed``: its input norm; both fp32) -> (the stream after
+        the layer [B, S, H], its norm by ``next_norm``: the next layer's input norm, or the final norm)."""
         p = f"model.layers.{i}"
-        h = self.attention(i, normed)
+        h = self.to_stream(self.attention(i, self.to_weights(normed)))
         if self.arch.sandwich_norm:
             h = self.rms_norm(h, p + ".post_attention_layernorm.weight")
             x, normed = self.add_norm(x, h, p + ".pre_feedforward_layernorm.weight")
-            h = self.rms_norm(self.mlp(i, normed), p + ".post_feedforward_layernorm.weight")
+            h = self.to_stream(self.mlp(i, self.to_weights(normed)))
+            h = self.rms_norm(h, p + ".post_feedforward_layernorm.weight")
         else:
             x, normed = self.add_norm(x, h, p + ".post_attention_layernorm.weight")
-            h = self.mlp(i, normed)
+            h = self.to_stream(self.mlp(i, self.to_weights(normed)))
         return self.add_norm(x, h, next_norm)
 
     def attention(self, i: int, x: str) -> str:
