@@ -103,3 +103,39 @@ def test_bad_arguments_are_refused(configs):
         build(cfg, "tensorrt", "fp32")
     with pytest.raises(ValueError, match="outside 0..1"):
         build(cfg, "ort", "fp32", True, (0, 2))
+
+
+def test_save_ignores_a_data_file_in_the_working_directory(tmp_path, monkeypatch):
+    """onnx 1.23's external-data save refuses when the *working* directory holds a file of the data file's
+    name; ``graph.save`` marks the tensors itself and writes the same bytes onnx would."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specdec_edge.export.graph import IR_VERSION, save
+
+    weight = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
+    small = numpy_helper.from_array(np.ones(4, dtype=np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        initializer=[weight, small],
+    )
+    model = helper.make_model(graph)
+    model.ir_version = min(model.ir_version, IR_VERSION)  # what save() writes
+    (tmp_path / "onnx").mkdir()
+    monkeypatch.chdir(tmp_path / "onnx")
+    onnx.save_model(
+        onnx.ModelProto.FromString(model.SerializeToString()),
+        str(tmp_path / "onnx" / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+        size_threshold=1024,
+    )
+    (tmp_path / "ours").mkdir()  # the working directory now holds a model.onnx.data (onnx's own)
+    save(onnx.ModelProto.FromString(model.SerializeToString()), tmp_path / "ours" / "model.onnx")
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "onnx" / name).read_bytes()

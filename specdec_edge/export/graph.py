@@ -545,15 +545,31 @@ def tied_weights(embed: np.ndarray, own: BlockQuantized | None, dtype: str):
 
 
 def save(model: onnx.ModelProto, path) -> None:
-    """Save with all weights in one external file ``<name>.data`` beside the graph."""
+    """Save with all weights in one external file ``<name>.data`` beside the graph.
+
+    The tensors are marked external here rather than by ``save_model(save_as_external_data=True)``: onnx
+    1.23 refuses that when a file of the data file's name exists in the *current* directory (it checks the
+    location relative to the working directory, not to the graph), so an export run from another bundle's
+    folder failed. Same tensors, same order, same bytes."""
+    import sys
     from pathlib import Path
 
+    from onnx.external_data_helper import set_external_data
+
     model.ir_version = min(model.ir_version, IR_VERSION)
-    onnx.save_model(
-        model,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=Path(path).name + ".data",
-        size_threshold=1024,
-    )
+    location = Path(path).name + ".data"
+    for tensor in _initializers(model.graph):
+        if tensor.HasField("raw_data") and sys.getsizeof(tensor.raw_data) >= 1024:
+            set_external_data(tensor, location)
+    onnx.save_model(model, str(path))
+
+
+def _initializers(graph: onnx.GraphProto):
+    """Every initializer of ``graph`` and of its sub-graphs (what onnx converts to external data)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _initializers(attr.g)
+            for sub in attr.graphs:
+                yield from _initializers(sub)
