@@ -79,6 +79,12 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "(inexact) in the report. Without it they are skipped, as chat, generate and serve refuse them.",
 )
 @click.option(
+    "--reuse",
+    is_flag=True,
+    help="Each prompt's second turn keeps the KV cache of its first (as chat and serve do), for every method "
+    "alike; without it every call prefills its whole prompt, as a first call does.",
+)
+@click.option(
     "--json",
     "json_out",
     type=click.Path(dir_okay=False),
@@ -108,6 +114,7 @@ def bench(
     seed,
     options,
     allow_inexact,
+    reuse,
     json_out,
     md_out,
     plot_out,
@@ -171,6 +178,7 @@ def bench(
         temperature=temperature,
         seed=seed,
         allow_inexact=allow_inexact,
+        reuse=reuse,
     )
     for m, reason in report["skipped_methods"].items():
         click.echo(f"Skipped method {m}: {reason}", err=True)

@@ -164,7 +164,9 @@ def _line_editing() -> None:
 def stats_line(stats) -> str:
     line = (
         f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
-        f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms]"
+        f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms"
+        + (f", {stats.reused_tokens} prompt tokens reused" if stats.reused_tokens else "")
+        + "]"
     )
     if len(stats.by_proposer) > 1:  # a method that mixes proposers (auto, pld-eagle): which ran, how well
         line += f"\n[{stats.proposer_summary()}]"
@@ -182,6 +184,13 @@ def stats_line(stats) -> str:
     help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
     "Without one, a base model's bundle (no template) runs as a completion REPL.",
 )
+@click.option(
+    "--reuse/--no-reuse",
+    default=True,
+    show_default=True,
+    help="Keep the conversation's KV cache between turns, so each turn prefills only what is new (--no-reuse "
+    "prefills the whole conversation every turn, for comparison).",
+)
 def chat(
     bundle,
     method,
@@ -198,6 +207,7 @@ def chat(
     provider,
     system,
     template_file,
+    reuse,
 ):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
@@ -273,7 +283,13 @@ def chat(
         request = plain_text(history) if completion else history
         try:
             stream = pipe.stream(
-                request, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+                request,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                reuse=reuse,
             )
         except SpecdecError as e:
             history.pop()

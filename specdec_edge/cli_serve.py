@@ -58,6 +58,13 @@ def is_loopback(host: str) -> bool:
     help="Larger request bodies are refused with 413.",
 )
 @click.option("--model-name", default=None, help="The model id clients send (default: the bundle folder's name).")
+@click.option(
+    "--reuse/--no-reuse",
+    default=True,
+    show_default=True,
+    help="A request keeps the KV prefix it shares with the previous one (a system prompt, the next turn) instead "
+    "of prefilling it again.",
+)
 def serve(
     bundle,
     method,
@@ -74,6 +81,7 @@ def serve(
     timeout_s,
     max_body_bytes,
     model_name,
+    reuse,
 ):
     """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
 
@@ -113,4 +121,5 @@ def serve(
         max_queue=max_queue,
         timeout_s=timeout_s,
         max_body_bytes=max_body_bytes,
+        reuse=reuse,
     )

@@ -121,8 +121,11 @@ class Generation:
     """The decode steps of one call: an iterator of ``Emitted`` that takes the engines one step at a
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
-    def __init__(self, pipe, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats):
+    def __init__(
+        self, pipe, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats, reuse: bool = True
+    ):
         self.pipe, self.lease = pipe, pipe._lease
+        self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
@@ -179,6 +182,7 @@ class Generation:
             rng=self.rng,
             stats=self._run_stats,
             rule=pipe.rule,
+            reuse=self.reuse,
         )
         self.lease.cached = self.id
 

@@ -264,6 +264,7 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        reuse: bool = True,
     ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted.
 
@@ -286,7 +287,7 @@ class Pipeline:
                 "history), lower max_new_tokens, or re-export the bundle with a larger --capacity."
             )
         result = GenerationResult("", [], Stats(), None)
-        generation = Generation(self, ids, params, max_new_tokens, result.stats)
+        generation = Generation(self, ids, params, max_new_tokens, result.stats, reuse=bool(reuse))
         return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
@@ -298,14 +299,21 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        reuse: bool = True,
     ) -> GenerationResult:
         """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
 
         temperature 0 is greedy; the output equals the target's alone (greedy: the same
         tokens; sampling: the same distribution). Generation ends at eos, a ``stop``
         string (not included in the text), or ``max_new_tokens``.
+
+        ``reuse`` (default): the engines keep the last call's context, and a prompt that starts with part of it
+        (the next turn of a chat, the same system prompt) rolls the caches back to the common prefix and prefills
+        only the rest (``stats.reused_tokens``); False prefills the whole prompt, as a first call does. Greedy
+        output with reuse equals plain decoding's with reuse; whether it also equals a fresh prefill's bit for bit
+        depends on the bundle (``info``: the verdict's ``reuse_matches_prefill``; docs/DESIGN.md).
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, reuse)
         with stream:
             for _ in stream:
                 pass
