@@ -29,14 +29,19 @@ import collections
 import itertools
 import threading
 import time
-import weakref
 from collections import Counter
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.loop import Emitted, decode
 from specdec_edge.speculative.stats import Stats
+
+if TYPE_CHECKING:
+    from specdec_edge.runtime.base import Engine
+    from specdec_edge.speculative.acceptance import AcceptanceRule
+    from specdec_edge.speculative.proposal import Proposer
 
 LEASE_S = 0.25  # how long a generation keeps the engines between two of its steps
 POLL_S = 0.05  # how often a waiting generation looks at its cancel flag
@@ -55,7 +60,6 @@ class EngineLease:
         self.cached: int | None = None  # the generation whose context the caches and proposers hold
         self.closed = False
         self.waiting: collections.deque[int] = collections.deque()  # generations waiting for a step, in order
-        self.pipelines: weakref.WeakSet = weakref.WeakSet()  # every pipeline over these engines
         self._ids = itertools.count(1)
 
     def new_id(self) -> int:
@@ -117,14 +121,35 @@ class EngineLease:
             self.cond.notify_all()
 
 
+@dataclass(eq=False)
+class Decoder:
+    """What one method's calls decode with (``engines.Engines.decoder`` builds it): the engine the loop
+    drives (the target, or a feature tap over it), the method's proposer and acceptance rule, the
+    speculation length, the eos ids, and the lease on the engines it shares with the other methods.
+    Closing the engines sets ``engine`` and ``proposer`` to None."""
+
+    engine: Engine | None
+    proposer: Proposer | None
+    rule: AcceptanceRule
+    k: int
+    eos_ids: frozenset
+    lease: EngineLease
+
+
 class Generation:
     """The decode steps of one call: an iterator of ``Emitted`` that takes the engines one step at a
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
     def __init__(
-        self, pipe, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats, reuse: bool = True
+        self,
+        decoder: Decoder,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_new_tokens: int,
+        stats: Stats,
+        reuse: bool = True,
     ):
-        self.pipe, self.lease = pipe, pipe._lease
+        self.decoder, self.lease = decoder, decoder.lease
         self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
@@ -166,22 +191,22 @@ class Generation:
 
     def _start(self) -> None:
         """Prefill this generation's context (again, after another call used the engines) and run on."""
-        pipe = self.pipe
+        run = self.decoder
         if self._steps is not None:
             self.resumes += 1
             self._earlier = add_stats(self._earlier or Stats(), self._run_stats)
             self._run_stats = Stats()
         self._steps = decode(
-            pipe.engine,
-            pipe.proposer,
+            run.engine,
+            run.proposer,
             self.context,
             max_new_tokens=self.left,
             params=self.params,
-            k=pipe.k,
-            eos_ids=pipe.tokenizer.eos_token_ids,
+            k=run.k,
+            eos_ids=run.eos_ids,
             rng=self.rng,
             stats=self._run_stats,
-            rule=pipe.rule,
+            rule=run.rule,
             reuse=self.reuse,
         )
         self.lease.cached = self.id
