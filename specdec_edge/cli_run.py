@@ -106,7 +106,18 @@ def generation_options(f):
     return pipeline_options(f)
 
 
-def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False, template_file=None):
+def load(
+    bundle,
+    method,
+    k,
+    threads,
+    spinning,
+    options=(),
+    provider="cpu",
+    allow_inexact=False,
+    template_file=None,
+    prompt_cache_mb=None,
+):
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
     from specdec_edge.tokenizer import read_chat_template
@@ -122,6 +133,7 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
         provider=provider,
         allow_inexact=allow_inexact,
         chat_template=read_chat_template(template_file) if template_file else None,
+        prompt_cache_mb=prompt_cache_mb,
         **options,
     )
 

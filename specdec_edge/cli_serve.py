@@ -8,6 +8,19 @@ from pathlib import Path
 import click
 
 from specdec_edge.cli_run import CONTEXT, load, pipeline_options
+from specdec_edge.prompt_cache import DEFAULT_MB
+
+
+def describe_reuse(pipe, reuse: bool) -> str:
+    """One line for the start-up banner: what is kept between requests."""
+    if not reuse:
+        return "off: every request prefills its whole prompt"
+    cache = pipe.engines.prompt_cache
+    if cache is None:
+        return "the last request's context is kept; no prompt cache"
+    if not pipe.target.can_snapshot:
+        return f"the last request's context is kept; no prompt cache on provider {pipe.target.__class__.__name__}"
+    return f"the last request's context is kept, and up to {cache.limit / 2**20:g} MB of earlier ones in host memory"
 
 
 def is_loopback(host: str) -> bool:
@@ -65,6 +78,14 @@ def is_loopback(host: str) -> bool:
     help="A request keeps the KV prefix it shares with the previous one (a system prompt, the next turn) instead "
     "of prefilling it again.",
 )
+@click.option(
+    "--prompt-cache-mb",
+    type=click.FloatRange(0, 2**20),
+    default=DEFAULT_MB,
+    show_default=True,
+    help="Host memory for snapshots of earlier requests' KV caches (several conversations or system prompts in "
+    "turn: a request that shares more with one of them restores it instead of prefilling). 0 turns it off.",
+)
 def serve(
     bundle,
     method,
@@ -82,6 +103,7 @@ def serve(
     max_body_bytes,
     model_name,
     reuse,
+    prompt_cache_mb,
 ):
     """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
 
@@ -102,7 +124,7 @@ def serve(
     from specdec_edge.serve import check_extra, run
 
     check_extra()
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
+    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, None, prompt_cache_mb)
     model = model_name or Path(bundle).resolve().name
     if not is_loopback(host) and api_key is None:
         click.secho(
@@ -112,6 +134,7 @@ def serve(
         )
     click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{port}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
+    click.echo(f"KV reuse: {describe_reuse(pipe, reuse)} (--no-reuse, --prompt-cache-mb).")
     run(
         pipe,
         host=host,

@@ -30,6 +30,7 @@ import itertools
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -134,6 +135,7 @@ class Decoder:
     k: int
     eos_ids: frozenset
     lease: EngineLease
+    prepare: Callable | None = None  # (context) -> tokens restored from the prompt cache before a reusing call
 
 
 class Generation:
@@ -208,6 +210,7 @@ class Generation:
             stats=self._run_stats,
             rule=run.rule,
             reuse=self.reuse,
+            prepare=run.prepare,
         )
         self.lease.cached = self.id
 

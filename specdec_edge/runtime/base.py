@@ -239,6 +239,34 @@ class Engine(ABC):
         if self.held is not None:
             del self.held[length:]
 
+    @property
+    def can_snapshot(self) -> bool:
+        """Whether ``snapshot``/``restore`` work here: the cache is host memory (the ``cpu`` backend)."""
+        return isinstance(getattr(self, "cache", None), np.ndarray)
+
+    def snapshot(self) -> np.ndarray:
+        """A host copy of the committed slots' K/V: [layers, 2, 1, kv_heads, length, head_dim] (``held`` names them)."""
+        if not self.can_snapshot:
+            raise SpecdecError(f"{type(self).__name__} keeps its KV cache in device memory: it takes no snapshots.")
+        return self.cache[..., : self.length, :].copy()
+
+    def restore(self, kv: np.ndarray, tokens, start: int = 0) -> None:
+        """Make the cache hold ``tokens`` (n of them) from ``kv`` (a ``snapshot`` of them, or a longer one), copying
+        slots ``start``..n-1 only (the first ``start`` must hold ``tokens[:start]`` already, see ``reusable``)."""
+        n = len(tokens)
+        cache = self.cache if self.can_snapshot else None
+        want = None if cache is None else (*cache.shape[:4], cache.shape[-1])
+        if cache is None or kv.dtype != cache.dtype or (*kv.shape[:4], kv.shape[-1]) != want or kv.shape[4] < n:
+            raise SpecdecError(
+                f"a KV snapshot of shape {kv.shape} ({kv.dtype}) does not fit this {type(self).__name__}'s cache "
+                f"({'device memory' if cache is None else f'{want} {cache.dtype}'}); it was made for another graph."
+            )
+        if n > self.capacity or not 0 <= start <= min(n, self.length):
+            raise SpecdecError(f"cannot restore {n} slots after {start} into a cache of {self.capacity}.")
+        cache[..., start:n, :] = kv[..., start:n, :]
+        self.length, self._ran = n, None
+        self.held = [int(t) for t in tokens]
+
     def reusable(self, tokens) -> int:
         """How many leading ``tokens`` the committed slots hold now (``held``): a call after them may roll back
         to that many and compute only the rest."""

@@ -46,6 +46,23 @@ class FeatureTap(Engine):
         self.engine.reset()
         self.held, self._ran = [], None
 
+    def snapshot_features(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Host copies of the committed slots' features (and layer features, where the graph has them)."""
+        layers = None if self.layer_features is None else self.layer_features[: self.length].copy()
+        return self.features[: self.length].copy(), layers
+
+    def restore_features(self, features: np.ndarray, layers: np.ndarray | None, tokens, start: int = 0) -> None:
+        """After the engine's ``restore`` of ``tokens``: their features from a snapshot, slots ``start`` on."""
+        n = len(tokens)
+        if n != self.length or features.shape[0] < n or features.shape[1:] != self.features.shape[1:]:
+            raise SpecdecError(f"features of shape {features.shape} do not fit this target's ({n} slots).")
+        self.features[start:n] = features[start:n]
+        if self.layer_features is not None:
+            if layers is None or layers.shape[1:] != self.layer_features.shape[1:]:
+                raise SpecdecError("this target's layer features are not in the snapshot.")
+            self.layer_features[start:n] = layers[start:n]
+        self.held, self._ran = [int(t) for t in tokens], None
+
     def reusable(self, tokens) -> int:
         """The leading ``tokens`` whose K/V the engine holds and whose features this tap holds."""
         return min(super().reusable(tokens), self.engine.reusable(tokens))

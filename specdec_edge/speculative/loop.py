@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,12 +62,14 @@ def decode(
     cancel: threading.Event | None = None,
     rule: AcceptanceRule = EXACT,
     reuse: bool = False,
+    prepare: Callable[[list[int]], int] | None = None,
 ) -> Iterator[Emitted]:
     """Generate up to ``max_new_tokens`` after ``prompt``, yielding the tokens of each step.
 
     ``k`` is the deepest proposal a step may verify; ``rule`` decides what is accepted (default:
     the exact rules; see ``acceptance.py``). ``reuse``: keep the prefix of ``prompt`` that the caches hold from
-    earlier calls (module docstring) instead of prefilling it again.
+    earlier calls (module docstring) instead of prefilling it again; ``prepare(context)``, called first when
+    reusing, may restore an earlier context into the caches (``prompt_cache.py``) and returns the tokens restored.
 
     Stops after an eos token (emitted, and nothing after it), at ``max_new_tokens`` (a
     proposal is cut to what is left), or when ``cancel`` is set; closing the generator
@@ -82,6 +84,8 @@ def decode(
     context = [int(t) for t in prompt]
     stats.prompt_tokens = len(context)
     start = time.perf_counter()
+    if reuse and prepare is not None:
+        stats.restored_tokens = prepare(context)
     kept = target.reusable(context[:-1]) if reuse else 0
     prefill(target, context[:-1], kept=kept)
     if reuse:
