@@ -242,8 +242,11 @@ def load_prefix(engines, engine, path: str | Path) -> int:
     snap = decode_file(Path(path), cache.digest, engines.target.vocab_size)
     tap = engine if isinstance(engine, FeatureTap) else None
     with holding(engines.lease):
+        held = engines.target.held
+        if held is not None and len(held) >= MIN_TOKENS and engines.target.reusable(snap.tokens) < len(held):
+            cache.keep(engines)  # what the engines hold now is overwritten next
         restore(engines, tap, snap, len(snap.tokens), snap.tokens)
-    cache.put(snap)
+        cache.put(snap)
     return len(snap.tokens)
 
 
