@@ -99,8 +99,8 @@ def test_a_prefix_file_starts_a_new_process_with_its_context(tiny_bundle, plain,
     path = plain.save_prefix(tmp_path / "system.prefix", system)
     assert path.read_bytes().startswith(MAGIC) and not list(tmp_path.glob(".*"))  # written whole, atomically
     messages = [*system, {"role": "user", "content": "And the dog?"}]
+    want = plain.generate(messages, max_new_tokens=16, reuse=False)
     other = Pipeline.load(tiny_bundle, method="pld", threads=1)  # a new process, as it were
-    want = other.generate(messages, max_new_tokens=16, reuse=False)
     n = other.load_prefix(path)
     assert len(plain.encode(DOC_A)) < n < len(plain.encode(system))  # the system turn, not the assistant's start
     got = other.generate(messages, max_new_tokens=16)
