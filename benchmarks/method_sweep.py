@@ -58,7 +58,7 @@ def main() -> None:
         base.generate(messages, max_new_tokens=1)  # plans this prompt's prefill shapes, untimed
         want = None
         for name, pipe in pipes.items():
-            result = pipe.generate(messages, max_new_tokens=args.max_new_tokens)
+            result = pipe.generate(messages, max_new_tokens=args.max_new_tokens, reuse=False)
             s, t = result.stats, totals[name]
             t["tokens"] += s.new_tokens
             t["decode"] += s.decode_s

@@ -72,6 +72,12 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "(inexact) in the report. Without it they are skipped, as chat, generate and serve refuse them.",
 )
 @click.option(
+    "--reuse",
+    is_flag=True,
+    help="Each prompt's second turn keeps the KV cache of its first (as chat and serve do), for every method "
+    "alike; without it every call prefills its whole prompt, as a first call does.",
+)
+@click.option(
     "--json",
     "json_out",
     type=click.Path(dir_okay=False),
@@ -101,6 +107,7 @@ def bench(
     seed,
     options,
     allow_inexact,
+    reuse,
     json_out,
     md_out,
     plot_out,
@@ -156,7 +163,9 @@ def bench(
         bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, progress=to_stderr
     )
     meta["options"] = method_options
-    run = dict(k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, allow_inexact=allow_inexact)
+    run = dict(
+        k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, allow_inexact=allow_inexact, reuse=reuse
+    )
     report = run_bench(pipe, wanted, prompts, meta=meta, options=method_options, **run)
     for m, reason in report["skipped_methods"].items():
         click.echo(f"Skipped method {m}: {reason}", err=True)

@@ -30,6 +30,7 @@ class LoadSettings:
     allow_inexact: bool = False
     options: tuple[str, ...] = ()  # -o KEY=VALUE, parsed by ``load``
     provider: str = "cpu"
+    prompt_cache_mb: float | None = None  # serve's --prompt-cache-mb; None: the default (``prompt_cache.py``)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class SamplingSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    reuse: bool = True  # chat's --reuse/--no-reuse: keep the KV prefix a turn shares with the one before
 
     def check(self) -> None:
         """Refuse a bad value (e.g. --temperature inf) before the (slow) load."""
@@ -52,12 +54,15 @@ class SamplingSettings:
 
 def settings_options(cls, options):
     """A decorator adding the click ``options``, whose values reach the command as one ``cls`` (a dataclass
-    whose fields are the options' names): after the arguments the decorators outside this one put first."""
+    whose fields are the options' names): after the arguments the decorators outside this one put first. An
+    option of the command's own whose name is a field (serve's --prompt-cache-mb, chat's --reuse) goes there
+    too; a field with a default that the command has no option for keeps it."""
 
     def decorate(f):
         @functools.wraps(f)
         def command(*args, **params):
-            settings = cls(**{name: params.pop(name) for name in cls.__dataclass_fields__})
+            fields = cls.__dataclass_fields__
+            settings = cls(**{name: params.pop(name) for name in fields if name in params})
             return f(*args, settings, **params)
 
         for option in reversed(options):
@@ -206,7 +211,9 @@ def _line_editing() -> None:
 def stats_line(stats) -> str:
     line = (
         f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
-        f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms]"
+        f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms"
+        + (f", {stats.reused_tokens} prompt tokens reused" if stats.reused_tokens else "")
+        + "]"
     )
     if len(stats.by_proposer) > 1:  # a method that mixes proposers (auto, pld-eagle): which ran, how well
         line += f"\n[{stats.proposer_summary()}]"
@@ -223,6 +230,13 @@ def stats_line(stats) -> str:
     default=None,
     help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
     "Without one, a base model's bundle (no template) runs as a completion REPL.",
+)
+@click.option(
+    "--reuse/--no-reuse",
+    default=True,
+    show_default=True,
+    help="Keep the conversation's KV cache between turns, so each turn prefills only what is new (--no-reuse "
+    "prefills the whole conversation every turn, for comparison).",
 )
 def chat(settings: LoadSettings, sampling: SamplingSettings, system, template_file):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.

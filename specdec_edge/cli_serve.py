@@ -8,6 +8,19 @@ from pathlib import Path
 import click
 
 from specdec_edge.cli_run import CONTEXT, LoadSettings, load, pipeline_options
+from specdec_edge.prompt_cache import DEFAULT_MB
+
+
+def describe_reuse(pipe, reuse: bool) -> str:
+    """One line for the start-up banner: what is kept between requests."""
+    if not reuse:
+        return "off: every request prefills its whole prompt"
+    cache = pipe.engines.prompt_cache
+    if cache is None:
+        return "the last request's context is kept; no prompt cache"
+    if not pipe.target.can_snapshot:
+        return f"the last request's context is kept; no prompt cache on provider {pipe.target.__class__.__name__}"
+    return f"the last request's context is kept, and up to {cache.limit / 2**20:g} MB of earlier ones in host memory"
 
 
 def is_loopback(host: str) -> bool:
@@ -58,6 +71,21 @@ def is_loopback(host: str) -> bool:
     help="Larger request bodies are refused with 413.",
 )
 @click.option("--model-name", default=None, help="The model id clients send (default: the bundle folder's name).")
+@click.option(
+    "--reuse/--no-reuse",
+    default=True,
+    show_default=True,
+    help="A request keeps the KV prefix it shares with the previous one (a system prompt, the next turn) instead "
+    "of prefilling it again.",
+)
+@click.option(
+    "--prompt-cache-mb",
+    type=click.FloatRange(0, 2**20),
+    default=DEFAULT_MB,
+    show_default=True,
+    help="Host memory for snapshots of earlier requests' KV caches (several conversations or system prompts in "
+    "turn: a request that shares more with one of them restores it instead of prefilling). 0 turns it off.",
+)
 def serve(settings: LoadSettings, model_name, **server):
     """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
 
@@ -78,9 +106,9 @@ def serve(settings: LoadSettings, model_name, **server):
     from specdec_edge.serve import check_extra, run
 
     check_extra()
-    pipe = load(settings)
+    pipe = load(settings)  # with --prompt-cache-mb (a LoadSettings field)
     model = model_name or Path(settings.bundle).resolve().name
-    host = server["host"]  # with port, api_key, max_queue, timeout_s and max_body_bytes: run's keywords
+    host = server["host"]  # with port, api_key, max_queue, timeout_s, max_body_bytes and reuse: run's keywords
     if not is_loopback(host) and server["api_key"] is None:
         click.secho(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model.",
@@ -89,4 +117,5 @@ def serve(settings: LoadSettings, model_name, **server):
         )
     click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{server['port']}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
+    click.echo(f"KV reuse: {describe_reuse(pipe, server['reuse'])} (--no-reuse, --prompt-cache-mb).")
     run(pipe, model=model, **server)

@@ -29,6 +29,7 @@ import collections
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,7 @@ class Decoder:
     k: int
     eos_ids: frozenset
     lease: EngineLease
+    prepare: Callable | None = None  # (context) -> tokens restored from the prompt cache before a reusing call
 
 
 class Generation:
@@ -140,9 +142,16 @@ class Generation:
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
     def __init__(
-        self, decoder: Decoder, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats
+        self,
+        decoder: Decoder,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_new_tokens: int,
+        stats: Stats,
+        reuse: bool = True,
     ):
         self.decoder, self.lease = decoder, decoder.lease
+        self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
@@ -199,6 +208,8 @@ class Generation:
             rng=self.rng,
             stats=self._run_stats,
             rule=run.rule,
+            reuse=self.reuse,
+            prepare=run.prepare,
         )
         self.lease.cached = self.id
 

@@ -21,6 +21,7 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed
 from specdec_edge.generation import Generation, closed_error
 from specdec_edge.progress import Progress
+from specdec_edge.prompt_cache import DEFAULT_MB, load_prefix, save_prefix
 from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
@@ -83,6 +84,7 @@ class Pipeline:
         cuda_graph: bool = False,
         chat_template: str | None = None,
         progress: Progress | None = None,
+        prompt_cache_mb: float | None = None,
         **options,
     ) -> Pipeline:
         """Load ``bundle``.
@@ -117,6 +119,9 @@ class Pipeline:
         reads one from a file); a base model's bundle has none, and then takes plain text only.
         ``progress``: called with a line before and after what takes seconds on first use on a device
         (measuring its exactness verdict or step costs); default None, silent (the commands print them).
+        ``prompt_cache_mb``: host memory for snapshots of earlier contexts (default
+        ``prompt_cache.DEFAULT_MB``; 0: none), restored when a call shares more with one of them than with the
+        context the engines hold (``prompt_cache.py``; the ``cpu`` backend).
         """
         root = Path(bundle)
         manifest = read_manifest(root)
@@ -124,7 +129,10 @@ class Pipeline:
         cpu = check_threads(threads, spinning)
         _check_method(method or default_method(manifest.default_method), manifest, root, options)
         gpu = GpuOptions(pad_to, cuda_graph)
-        engines = open_engines(root, manifest, provider=provider, cpu=cpu, gpu=gpu, progress=progress)
+        cache_mb = check_cache_mb(prompt_cache_mb)
+        engines = open_engines(
+            root, manifest, provider=provider, cpu=cpu, gpu=gpu, progress=progress, prompt_cache_mb=cache_mb
+        )
         if method is None:  # the default must run: plain where speculation would not be exact on this device
             method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
         tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, chat_template)
@@ -147,6 +155,27 @@ class Pipeline:
     engine = property(lambda self: self._decoder.engine, doc="the engine the decode loop drives")
     proposer = property(lambda self: self._decoder.proposer)
     rule = property(lambda self: self._decoder.rule)
+
+    def save_prefix(self, path: str | Path, prompt: str | list[dict]) -> Path:
+        """Compute the KV cache of ``prompt`` (text, or chat messages through the template: e.g. a long system
+        prompt) and write it to ``path`` (atomically), keyed by this bundle and the prompt's token ids, so that
+        ``load_prefix`` makes a later process start with it: a call whose prompt starts with it prefills only the
+        rest. Messages are rendered without the assistant's turn start, as they begin a longer conversation. The
+        cpu backend only (the cache must be host memory)."""
+        if self.closed:
+            raise closed_error()
+        ids = self.encode(prompt)  # the checks; messages again without the generation prompt
+        if not isinstance(prompt, str):
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=False)
+            ids = self.tokenizer.encode(text, add_special_tokens=False) or ids
+        return save_prefix(self.engines, self.engine, ids, path)
+
+    def load_prefix(self, path: str | Path) -> int:
+        """Load a ``save_prefix`` file into the engines (and the prompt cache); returns its token count. A file
+        saved for another bundle (or another export of this one), or damaged, is refused with a SpecdecError."""
+        if self.closed:
+            raise closed_error()
+        return load_prefix(self.engines, self.engine, path)
 
     def describe_exactness(self) -> str:
         """One line: what this device's exactness verdict lets run, and whether this method runs inexactly."""
@@ -199,6 +228,7 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        reuse: bool = True,
     ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted.
 
@@ -221,7 +251,7 @@ class Pipeline:
                 "history), lower max_new_tokens, or re-export the bundle with a larger --capacity."
             )
         result = GenerationResult("", [], Stats(), None)
-        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats)
+        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats, reuse=bool(reuse))
         return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
@@ -233,14 +263,21 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        reuse: bool = True,
     ) -> GenerationResult:
         """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
 
         temperature 0 is greedy; the output equals the target's alone (greedy: the same
         tokens; sampling: the same distribution). Generation ends at eos, a ``stop``
         string (not included in the text), or ``max_new_tokens``.
+
+        ``reuse`` (default): the engines keep the last call's context, and a prompt that starts with part of it
+        (the next turn of a chat, the same system prompt) rolls the caches back to the common prefix and prefills
+        only the rest (``stats.reused_tokens``); False prefills the whole prompt, as a first call does. Greedy
+        output with reuse equals plain decoding's with reuse; whether it also equals a fresh prefill's bit for bit
+        depends on the bundle (``info``: the verdict's ``reuse_matches_prefill``; docs/DESIGN.md).
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, reuse)
         with stream:
             for _ in stream:
                 pass
@@ -281,6 +318,15 @@ def _method_decoder(engines: Engines, spec, k: int, options: dict, allow_inexact
         decision = decide(verdict, dtype, speculative=True, branches=True, allow_inexact=allow_inexact)
     decoder = engines.decoder(engine, proposer, spec.acceptance(rule_options), k, tokenizer.eos_token_ids)
     return decision, decoder
+
+
+def check_cache_mb(value) -> float:
+    """``prompt_cache_mb`` checked: None is the default, else a number of megabytes >= 0."""
+    if value is None:
+        return DEFAULT_MB
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2**30:
+        raise SpecdecError(f"prompt_cache_mb={value!r} is invalid: use a number of megabytes >= 0 (0 turns it off).")
+    return float(value)
 
 
 def _content_chars(messages) -> int:

@@ -245,6 +245,19 @@ def test_models_health_and_metrics(served):
     assert after["specdec_queue_depth"] == 0
 
 
+def test_a_repeated_prompt_reuses_the_kv_prefix_and_metrics_count_it(served):
+    body = {"model": served.model, "messages": chat("The quick brown fox jumps over the lazy dog"), "max_tokens": 4}
+    before = served.metrics()
+    first = served.post("/v1/chat/completions", body).json()["specdec_edge"]
+    again = served.post("/v1/chat/completions", body).json()["specdec_edge"]
+    after = served.metrics()
+    prompt = first["reused_prompt_tokens"] + first["prefilled_prompt_tokens"]
+    assert again["prefilled_prompt_tokens"] == 0 and again["reused_prompt_tokens"] == prompt > 0
+    reused = after["specdec_reused_prompt_tokens_total"] - before.get("specdec_reused_prompt_tokens_total", 0)
+    prefilled = after["specdec_prefilled_prompt_tokens_total"] - before.get("specdec_prefilled_prompt_tokens_total", 0)
+    assert (reused, prefilled) == (first["reused_prompt_tokens"] + prompt, first["prefilled_prompt_tokens"])
+
+
 def test_api_key(served):
     body = {"model": served.model, "prompt": "hi", "max_tokens": 2}
     for key in (None, "wrong-key"):

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import common_prefix
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
@@ -47,10 +48,13 @@ class PromptLookupProposer(Proposer):
         self.length = 0
         self.matched = 0  # the n-gram length behind the last proposal (0: none); auto keys its statistics by it
 
-    def prefill(self, prompt, params, rng) -> None:
-        self.buf = np.zeros(max(1024, 2 * len(prompt)), dtype=np.int64)
-        self.length = 0
-        self._extend(prompt)
+    def prefill(self, prompt, params, rng, kept=None) -> None:
+        if kept is None:
+            self.buf = np.zeros(max(1024, 2 * len(prompt)), dtype=np.int64)
+            self.length = 0
+        else:  # the index is the context itself: keep the prefix the buffer shares with this prompt
+            self.length = common_prefix(self.buf[: self.length], prompt)
+        self._extend(prompt[self.length :])
 
     def _extend(self, tokens) -> None:
         need = self.length + len(tokens)
