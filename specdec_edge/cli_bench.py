@@ -46,7 +46,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     type=click.IntRange(min=1),
     default=None,
     help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
-    "which verifies only the part worth its cost; 4 for the others).",
+    "which verifies only the part worth its cost; 8 for history; 4 for the others).",
 )
 @click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True, help="CPU threads.")
 @click.option(
@@ -158,7 +158,9 @@ def bench(
         "n_per_category": n_per_category,
         "prompts_file": prompts_file or "packaged Spec-Bench",
     }
-    pipe = Pipeline.load(bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact)
+    pipe = Pipeline.load(
+        bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, history=False
+    )
     meta["options"] = method_options
     report = run_bench(
         pipe,

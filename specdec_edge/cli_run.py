@@ -34,7 +34,7 @@ def pipeline_options(f):
             type=click.IntRange(min=1),
             default=None,
             help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for "
-            "auto, which verifies only the part worth its cost; 4 for the others).",
+            "auto, which verifies only the part worth its cost; 8 for history; 4 for the others).",
         ),
         click.option(
             "--threads",
@@ -106,7 +106,39 @@ def generation_options(f):
     return pipeline_options(f)
 
 
-def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow_inexact=False, template_file=None):
+def history_options(f):
+    """``--history/--no-history`` and ``--history-mb``: drafting from earlier calls (`chat`, `serve`)."""
+    from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, MAX_HISTORY_MB
+
+    f = click.option(
+        "--history-mb",
+        type=click.FloatRange(0, MAX_HISTORY_MB, min_open=True),
+        default=DEFAULT_HISTORY_MB,
+        show_default=True,
+        help="Memory for the history (per client when serving); the oldest text is dropped first.",
+    )(f)
+    return click.option(
+        "--history/--no-history",
+        default=True,
+        show_default=True,
+        help="Keep earlier calls' prompts and answers for the methods that draft from them (auto, history): "
+        "text that repeats what was said before is generated faster; the output is the same either way.",
+    )(f)
+
+
+def load(
+    bundle,
+    method,
+    k,
+    threads,
+    spinning,
+    options=(),
+    provider="cpu",
+    allow_inexact=False,
+    template_file=None,
+    history=True,
+    history_mb=None,
+):
     from specdec_edge.cli_options import parse_options
     from specdec_edge.pipeline import Pipeline
     from specdec_edge.tokenizer import read_chat_template
@@ -122,6 +154,8 @@ def load(bundle, method, k, threads, spinning, options=(), provider="cpu", allow
         provider=provider,
         allow_inexact=allow_inexact,
         chat_template=read_chat_template(template_file) if template_file else None,
+        history=history,
+        **({} if history_mb is None else {"history_mb": history_mb}),
         **options,
     )
 
@@ -173,6 +207,7 @@ def stats_line(stats) -> str:
 
 @click.command(context_settings=CONTEXT)
 @generation_options
+@history_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
 @click.option(
     "--chat-template",
@@ -196,6 +231,8 @@ def chat(
     allow_inexact,
     options,
     provider,
+    history,
+    history_mb,
     system,
     template_file,
 ):
@@ -218,7 +255,9 @@ def chat(
     from specdec_edge.tokenizer import plain_text
 
     SamplingParams(temperature, top_k, top_p, seed)  # e.g. --temperature inf: refused before the load
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, template_file)
+    pipe = load(
+        bundle, method, k, threads, spinning, options, provider, allow_inexact, template_file, history, history_mb
+    )
     completion = not pipe.tokenizer.has_chat_template
     _line_editing()
     start = [{"role": "system", "content": system}] if system else []

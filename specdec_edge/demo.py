@@ -38,7 +38,7 @@ def run_demo(
     ``method``: default the bundle's own (auto, unless the bundle records another)."""
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
-    pipe = Pipeline.load(bundle, method="plain", threads=threads)
+    pipe = Pipeline.load(bundle, method="plain", threads=threads, history=False)  # plain runs the same prompt
     manifest = read_manifest(bundle)
     method = method or default_method(manifest.default_method)
     method = "pld" if method == "plain" else method  # a bundle that records nothing: show prompt lookup

@@ -121,7 +121,9 @@ class Generation:
     """The decode steps of one call: an iterator of ``Emitted`` that takes the engines one step at a
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
-    def __init__(self, pipe, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats):
+    def __init__(
+        self, pipe, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats, history=None
+    ):
         self.pipe, self.lease = pipe, pipe._lease
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
@@ -135,6 +137,7 @@ class Generation:
         self._steps = None  # the running ``decode`` generator
         self._earlier: Stats | None = None  # what the runs before the last resume did
         self._run_stats = stats  # what the current run does (the result's own stats until a resume)
+        self.history = history  # the HistoryStore it drafts from and is added to when it ends (None: none)
 
     def __iter__(self) -> Generation:
         return self
@@ -158,6 +161,7 @@ class Generation:
         self._publish()
         if step.finish_reason is not None:
             self.done, self._steps = True, None
+            self._remember()
         self.lease.release(self.id, not self.done, self.cancelled)
         return step
 
@@ -181,6 +185,7 @@ class Generation:
             rule=pipe.rule,
         )
         self.lease.cached = self.id
+        pipe.history_slot.store = self.history  # what its proposers draft from
 
     def _publish(self) -> None:
         if self._earlier is None:  # one run so far: decode wrote into the result's stats itself
@@ -203,6 +208,13 @@ class Generation:
         """End this generation (from the thread reading it)."""
         self.done, self._steps = True, None
         self.lease.drop(self.id)
+        self._remember()
+
+    def _remember(self) -> None:
+        """Add the prompt and what was generated to the history store, once."""
+        history, self.history = self.history, None
+        if history is not None:
+            history.add(self.context)
 
 
 def add_stats(a: Stats, b: Stats) -> Stats:

@@ -28,6 +28,7 @@ from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_ver
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.costs import CostKey, device_costs
 from specdec_edge.speculative.features import FeatureTap
+from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, HistorySlot, HistoryStore
 from specdec_edge.speculative.methods import Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, Stream, text_pieces
@@ -59,6 +60,7 @@ class Pipeline:
         allow_inexact: bool = False,
         cost_key: CostKey | None = None,
         verdict: Verdict | None = None,
+        history: HistoryStore | None = None,
     ):
         spec = get_method(method)
         k = spec.default_k if k is None else k
@@ -86,7 +88,11 @@ class Pipeline:
         # The engine the decode loop drives: head methods read the target's features through a tap.
         self.engine = FeatureTap(target) if spec.taps_features(self.heads) else target
         trees = trees_allowed(verdict, graph.dtype, allow_inexact)
-        resources = Resources(self.engine, draft, self.heads, trees=trees, costs=self._device_costs)
+        self.history = history  # earlier calls' text, for the methods that draft from it (None: off)
+        self.history_slot = HistorySlot()  # the store the current call drafts from (``generation.py`` sets it)
+        resources = Resources(
+            self.engine, draft, self.heads, trees=trees, costs=self._device_costs, history=self.history_slot
+        )
         self.proposer = spec.build(resources, proposer_options)
         if self.proposer.branches:  # refused (naming the fixes) where trees are not exact
             decision = decide(verdict, graph.dtype, speculative=True, branches=True, allow_inexact=allow_inexact)
@@ -119,17 +125,19 @@ class Pipeline:
         pad_to: int | None = None,
         cuda_graph: bool = False,
         chat_template: str | None = None,
+        history: bool = True,
+        history_mb: float = DEFAULT_HISTORY_MB,
         **options,
     ) -> Pipeline:
         """Load ``bundle``.
 
-        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, lookahead, eagle,
+        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, history, lookahead, eagle,
         medusa, medusa-typical, pld-eagle, eagle3, pld-eagle3); default: the one the bundle records (`export
         --default-method`), else "auto", which chooses every step among what the bundle can run by
         the step costs measured on this device (once per bundle, provider, device and threads;
         ``speculative/auto.py``). ``k`` is the speculation length (the deepest proposal; default:
-        the method's, 6 for auto and 4 for the others). ``options`` are the method's options, checked against the
-        registry (e.g. pld: ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``,
+        the method's, 6 for auto, 8 for history and 4 for the others). ``options`` are the method's options,
+        checked against the registry (e.g. pld: ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``,
         ``guesses``; eagle: ``topk``, ``nodes``, ``depth``; medusa: ``tree``; medusa-typical also
         ``epsilon``, ``delta``); head methods default to the tree settings the manifest records.
         "medusa-typical" is LOSSY when sampling (greedy stays exact).
@@ -151,7 +159,11 @@ class Pipeline:
         captures once as a CUDA graph and replays (bundles exported with the ``ort`` flavour by this version).
         ``chat_template``: a Jinja chat template that replaces the bundle's (``tokenizer.read_chat_template``
         reads one from a file); a base model's bundle has none, and then takes plain text only.
+        ``history``: keep the prompts and outputs of earlier calls (at most ``history_mb`` MiB, the oldest
+        dropped first) for the methods that draft from them (``auto``, ``history``;
+        ``speculative/history.py``); False keeps nothing. The output is the same either way, only faster.
         """
+        store = HistoryStore.of_mb(history_mb) if history else None
         root = Path(bundle)
         manifest = read_manifest(root)
         check_hashes(root, manifest)  # once per file version; a damaged file is named before ONNX Runtime reads it
@@ -189,6 +201,7 @@ class Pipeline:
             allow_inexact=allow_inexact,
             cost_key=CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning),
             verdict=verdict,
+            history=store,
         )
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
@@ -208,7 +221,13 @@ class Pipeline:
             self.allow_inexact if allow_inexact is None else allow_inexact,
             self.cost_key,
             self.verdict,
+            self.history,  # one history per set of engines
         )
+
+    def new_history(self) -> HistoryStore | None:
+        """An empty history store as large as this pipeline's (None when history is off): one per client
+        (the server keeps one per API key)."""
+        return None if self.history is None else HistoryStore(self.history.limit_bytes)
 
     def describe_exactness(self) -> str:
         """One line: what this device's exactness verdict lets run, and whether this method runs inexactly."""
@@ -264,6 +283,7 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        history: bool | HistoryStore = True,
     ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted.
 
@@ -271,6 +291,8 @@ class Pipeline:
         stops it and frees the engines at once; a stream that is dropped or read slowly never blocks
         other calls: after a short lease they take the engines, and the stream, if read again, goes on
         where it was (``specdec_edge/generation.py``).
+        ``history``: True drafts from (and adds this call to) the pipeline's history, a ``HistoryStore`` from
+        (and to) that one, False from none.
         """
         if self.closed:
             raise closed_error()
@@ -286,7 +308,8 @@ class Pipeline:
                 "history), lower max_new_tokens, or re-export the bundle with a larger --capacity."
             )
         result = GenerationResult("", [], Stats(), None)
-        generation = Generation(self, ids, params, max_new_tokens, result.stats)
+        store = self._history_for(history)
+        generation = Generation(self, ids, params, max_new_tokens, result.stats, store)
         return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
@@ -298,18 +321,26 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        history: bool | HistoryStore = True,
     ) -> GenerationResult:
         """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
 
         temperature 0 is greedy; the output equals the target's alone (greedy: the same
         tokens; sampling: the same distribution). Generation ends at eos, a ``stop``
-        string (not included in the text), or ``max_new_tokens``.
+        string (not included in the text), or ``max_new_tokens``. ``history``: as for ``stream``.
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, history)
         with stream:
             for _ in stream:
                 pass
         return stream.result
+
+    def _history_for(self, history) -> HistoryStore | None:
+        if isinstance(history, HistoryStore):
+            return history
+        if isinstance(history, bool):
+            return self.history if history else None
+        raise SpecdecError(f"history={_short(history)} is invalid: use True, False or a HistoryStore.")
 
     def _text(self, generation: Generation, stops: list[str], result: GenerationResult) -> Iterator[str]:
         """The streamed text of one generation."""
