@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specdec_edge.cli_run import CONTEXT, load, pipeline_options
+from specdec_edge.cli_run import CONTEXT, history_options, load, pipeline_options
 
 
 def is_loopback(host: str) -> bool:
@@ -21,6 +21,7 @@ def is_loopback(host: str) -> bool:
 
 @click.command(context_settings=CONTEXT)
 @pipeline_options
+@history_options
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -30,10 +31,12 @@ def is_loopback(host: str) -> bool:
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option(
     "--api-key",
+    "api_keys",
     envvar="SPECDEC_API_KEY",
-    default=None,
-    help="Require 'Authorization: Bearer KEY' on every route but /health. Also read from $SPECDEC_API_KEY, "
-    "which keeps the key out of the process list.",
+    multiple=True,
+    help="Require 'Authorization: Bearer KEY' on every route but /health. Repeatable: each key is a client with "
+    "its own history (never shared between keys). Also read from $SPECDEC_API_KEY (keys separated by spaces), "
+    "which keeps the keys out of the process list.",
 )
 @click.option(
     "--max-queue",
@@ -67,9 +70,11 @@ def serve(
     allow_inexact,
     options,
     provider,
+    history,
+    history_mb,
     host,
     port,
-    api_key,
+    api_keys,
     max_queue,
     timeout_s,
     max_body_bytes,
@@ -94,22 +99,27 @@ def serve(
     from specdec_edge.serve import check_extra, run
 
     check_extra()
-    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact)
+    api_keys = tuple(key for key in api_keys if key)
+    pipe = load(bundle, method, k, threads, spinning, options, provider, allow_inexact, None, history, history_mb)
     model = model_name or Path(bundle).resolve().name
-    if not is_loopback(host) and api_key is None:
+    if not is_loopback(host) and not api_keys:
         click.secho(
-            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model.",
+            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model"
+            + (" (and share one history: see --no-history)." if history else "."),
             fg="yellow",
             err=True,
         )
     click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{port}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
+    if history:
+        clients = f"each of the {len(api_keys)} API keys" if len(api_keys) > 1 else "the one client"
+        click.echo(f"History: up to {history_mb:g} MiB for {clients} (--no-history turns it off).")
     run(
         pipe,
         host=host,
         port=port,
         model=model,
-        api_key=api_key,
+        api_key=api_keys,
         max_queue=max_queue,
         timeout_s=timeout_s,
         max_body_bytes=max_body_bytes,
