@@ -1,4 +1,5 @@
-"""Peers on the same model and prompts: our runtime vs transformers and onnxruntime-genai, plain and speculative.
+"""Peers on the same model and prompts: our runtime vs transformers, onnxruntime-genai and OpenVINO GenAI, plain
+and speculative, with speed and fidelity side by side.
 
 Usage:
   specdec-edge export --target <SmolLM2 GGUF> --out /tmp/peer-bundles/smol-fp32
@@ -11,10 +12,17 @@ folder; onnxruntime-genai's builder turns it into fp32 and int4 models there). E
 gets the same prompt token ids (the bundle's chat template, turn 1 of each Spec-Bench prompt),
 greedy, --threads threads, --max-new-tokens new tokens; prompts run one by one, every runtime in
 turn, so load affects all alike. Each runtime's speculative output is checked against its own
-plain output. A peer whose package is missing is skipped with a message.
+plain output. A peer whose package is missing is skipped with a message. OpenVINO GenAI reads
+the GGUF itself (plain, and its prompt lookup in a second pipeline); it is probed once for KV
+prefix reuse between calls (the same prompt twice, the ratio of the times to first token goes to
+the JSON's meta and is printed), and every timed call of every runtime gets a prompt the runtime
+did not see in its previous call (plain and speculative run in different pipelines).
 
 Columns: tokens/s over the whole call incl. prefill, decode tokens/s after prefill, mean
-prefill (time to first token), and how many speculative outputs equal plain's token for token.
+prefill (time to first token), how many speculative outputs equal the runtime's own plain output
+token for token, and fidelity against the fp32 model (transformers on the GGUF dequantized to
+fp32; without torch, the first fp32 bundle given): outputs identical to fp32's, the mean common
+prefix with fp32's tokens, and the distinct 4-gram ratio of the outputs (lower = more repetition).
 """
 
 from __future__ import annotations
@@ -126,6 +134,47 @@ class Transformers:
         return new, len(new), wall, (timer.first or start + wall) - start
 
 
+class OpenVino:
+    """OpenVINO GenAI on the GGUF itself: plain, and prompt lookup (a second pipeline: OpenVINO's
+    prompt-lookup pipeline refuses plain calls)."""
+
+    def __init__(self, gguf: Path, threads: int, draft_tokens: int, encode):
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        self.ov, self.ov_genai, self.encode, self.draft_tokens = ov, ov_genai, encode, draft_tokens
+        props = {"INFERENCE_NUM_THREADS": threads}
+        self.plain = ov_genai.LLMPipeline(str(gguf), "CPU", **props)
+        self.lookup = ov_genai.LLMPipeline(str(gguf), "CPU", prompt_lookup=True, **props)
+        self.name = f"OpenVINO GenAI {ov_genai.__version__.split('-')[0]} gguf"
+        self.spec_name = f"prompt lookup {draft_tokens}"
+
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
+        return self.run_ids(self.encode(messages), speculative, max_new_tokens)
+
+    def run_ids(self, ids: list[int], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
+        import numpy as np
+
+        array = np.array([ids], dtype=np.int64)
+        inputs = self.ov_genai.TokenizedInputs(self.ov.Tensor(array), self.ov.Tensor(np.ones_like(array)))
+        config = self.ov_genai.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
+        if speculative:
+            config.num_assistant_tokens, config.max_ngram_size = self.draft_tokens, 3
+        start = time.perf_counter()
+        result = (self.lookup if speculative else self.plain).generate(inputs, config)
+        wall = time.perf_counter() - start
+        new = [int(t) for t in result.tokens[0]]
+        return new, len(new), wall, result.perf_metrics.get_ttft().mean / 1000
+
+    def reuse_probe(self, ids: list[int]) -> float:
+        """Time to first token of a prompt run right after itself, over that of its first run (after an
+        unrelated prompt): about 1 when the previous call's KV prefix is not reused."""
+        self.run_ids(ids[:8] + [ids[-1]], False, 2)
+        first = self.run_ids(ids, False, 2)[3]
+        again = self.run_ids(ids, False, 2)[3]
+        return again / first
+
+
 class Genai:
     """onnxruntime-genai: plain and its n-gram speculation, on a model its builder made."""
 
@@ -202,7 +251,48 @@ def make_runtimes(args) -> list:
             "(pip install 'specdec-edge[export]')",
             file=sys.stderr,
         )
+    if importlib.util.find_spec("openvino_genai"):
+        runtimes.append(OpenVino(args.gguf or smollm2_gguf(), args.threads, args.draft_tokens, encode))
+    else:
+        print("skipping OpenVINO GenAI: not installed (pip install openvino-genai)", file=sys.stderr)
     return runtimes
+
+
+def reference(runtimes: list) -> tuple[str, bool] | None:
+    """The (runtime, speculative) whose greedy tokens are the fp32 model's: transformers fp32 on the dequantized
+    GGUF, else the first fp32 bundle of ours (plain)."""
+    for rt in runtimes:
+        if isinstance(rt, Transformers):
+            return rt.name, False
+    for rt in runtimes:
+        if isinstance(rt, Ours) and rt.name.endswith("fp32"):
+            return rt.name, False
+    return None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def distinct_4grams(ids: list[int]) -> float:
+    """Distinct 4-grams over all 4-grams of one output (1.0 = no 4-gram repeats)."""
+    grams = [tuple(ids[i : i + 4]) for i in range(len(ids) - 3)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def fidelity(mine: list[dict], fp32: dict) -> dict:
+    """Agreement of one (runtime, method)'s outputs with the fp32 model's on the same prompts."""
+    pairs = [(r["token_ids"], fp32[r["round"], r["question_id"]]) for r in mine]
+    return {
+        "identical_to_fp32": f"{sum(a == b for a, b in pairs)} of {len(pairs)}",
+        "common_prefix_with_fp32": statistics.mean(common_prefix(a, b) for a, b in pairs),
+        "distinct_4gram_ratio": statistics.mean(distinct_4grams(a) for a, _ in pairs),
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -256,7 +346,12 @@ def measure(runtimes: list, prompts: list, rounds: int, max_new_tokens: int) -> 
 
 
 def tabulate(runtimes: list, rows: list[dict], rounds: int) -> list[dict]:
-    """One entry per (runtime, method): medians over rounds; speculative outputs compared with plain's."""
+    """One entry per (runtime, method): medians over rounds; speculative outputs compared with plain's and
+    every output with the fp32 model's."""
+    ref = reference(runtimes)
+    fp32 = {
+        (r["round"], r["question_id"]): r["token_ids"] for r in rows if ref and (r["runtime"], r["speculative"]) == ref
+    }
     table = []
     for rt in runtimes:
         plain = {
@@ -275,6 +370,8 @@ def tabulate(runtimes: list, rows: list[dict], rounds: int) -> list[dict]:
             }
             same = sum(r["token_ids"] == plain[r["round"], r["question_id"]] for r in mine)
             entry["identical"] = f"{same} of {len(mine)}" if speculative else "–"
+            if fp32:
+                entry.update(fidelity(mine, fp32))
             table.append(entry)
     return table
 
@@ -283,14 +380,19 @@ def to_markdown(table: list[dict], categories: list[str]) -> str:
     lines = [
         "| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | tok/s "
         + " / ".join(categories)
-        + " | identical to its plain |",
-        "|---|---|---:|---:|---:|---:|---|",
+        + " | identical to its plain | identical to fp32 | common prefix with fp32 | distinct 4-grams |",
+        "|---|---|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for e in table:
         by_category = " / ".join(format(e["by_category"][c], ".1f") for c in categories)
+        fid = (
+            f"{e['identical_to_fp32']} | {e['common_prefix_with_fp32']:.1f} | {e['distinct_4gram_ratio']:.2f}"
+            if "identical_to_fp32" in e
+            else "– | – | –"
+        )
         lines.append(
             f"| {e['runtime']} | {e['method']} | {e['tokens_per_s']:.1f} | {e['decode_tokens_per_s']:.1f} "
-            f"| {e['prefill_s']:.2f} | {by_category} | {e['identical']} |"
+            f"| {e['prefill_s']:.2f} | {by_category} | {e['identical']} | {fid} |"
         )
     return "\n".join(lines)
 
@@ -317,12 +419,21 @@ def main() -> None:
 
     prompts = load_prompts(None, args.categories.split(","), args.n_per_category)
     runtimes = make_runtimes(args)
+    probes = {
+        rt.name: rt.reuse_probe(runtimes[0].plain.encode([{"role": "user", "content": prompts[0].turns[0]}]))
+        for rt in runtimes
+        if hasattr(rt, "reuse_probe")
+    }
+    for name, ratio in probes.items():
+        print(f"{name}: a repeated prompt's time to first token is {ratio:.2f}x its first call's", file=sys.stderr)
     rows = measure(runtimes, prompts, args.rounds, args.max_new_tokens)
     table = tabulate(runtimes, rows, args.rounds)
     print(to_markdown(table, list(dict.fromkeys(p.category for p in prompts))))
     if args.json:
         meta = {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
         meta["prompts"] = [p.question_id for p in prompts]
+        meta["reuse_probe_ttft_ratio"] = probes
+        meta["fp32_reference"] = " ".join(map(str, reference(runtimes) or ("none",)))
         meta["baseline"] = "each runtime's own plain decoding, same process; ours on the process-wide thread pool"
         args.json.write_text(json.dumps({"meta": meta, "table": table, "runs": rows}, indent=1))
 

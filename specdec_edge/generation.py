@@ -29,14 +29,20 @@ import collections
 import itertools
 import threading
 import time
-import weakref
 from collections import Counter
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.loop import Emitted, decode
 from specdec_edge.speculative.stats import Stats
+
+if TYPE_CHECKING:
+    from specdec_edge.runtime.base import Engine
+    from specdec_edge.speculative.acceptance import AcceptanceRule
+    from specdec_edge.speculative.history import HistorySlot, HistoryStore
+    from specdec_edge.speculative.proposal import Proposer
 
 LEASE_S = 0.25  # how long a generation keeps the engines between two of its steps
 POLL_S = 0.05  # how often a waiting generation looks at its cancel flag
@@ -55,7 +61,6 @@ class EngineLease:
         self.cached: int | None = None  # the generation whose context the caches and proposers hold
         self.closed = False
         self.waiting: collections.deque[int] = collections.deque()  # generations waiting for a step, in order
-        self.pipelines: weakref.WeakSet = weakref.WeakSet()  # every pipeline over these engines
         self._ids = itertools.count(1)
 
     def new_id(self) -> int:
@@ -117,14 +122,36 @@ class EngineLease:
             self.cond.notify_all()
 
 
+@dataclass(eq=False)
+class Decoder:
+    """What one method's calls decode with (``engines.Engines.decoder`` builds it): the engine the loop
+    drives (the target, or a feature tap over it), the method's proposer and acceptance rule, the
+    speculation length, the eos ids, and the lease on the engines it shares with the other methods.
+    Closing the engines sets ``engine`` and ``proposer`` to None."""
+
+    engine: Engine | None
+    proposer: Proposer | None
+    rule: AcceptanceRule
+    k: int
+    eos_ids: frozenset
+    lease: EngineLease
+    history_slot: HistorySlot | None = None  # the store this method's proposers draft from, set per call
+
+
 class Generation:
     """The decode steps of one call: an iterator of ``Emitted`` that takes the engines one step at a
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
     def __init__(
-        self, pipe, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats, history=None
+        self,
+        decoder: Decoder,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_new_tokens: int,
+        stats: Stats,
+        history: HistoryStore | None = None,
     ):
-        self.pipe, self.lease = pipe, pipe._lease
+        self.decoder, self.lease = decoder, decoder.lease
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
@@ -137,7 +164,7 @@ class Generation:
         self._steps = None  # the running ``decode`` generator
         self._earlier: Stats | None = None  # what the runs before the last resume did
         self._run_stats = stats  # what the current run does (the result's own stats until a resume)
-        self.history = history  # the HistoryStore it drafts from and is added to when it ends (None: none)
+        self.history = history  # the store it drafts from and is added to when it ends (None: none)
 
     def __iter__(self) -> Generation:
         return self
@@ -167,25 +194,26 @@ class Generation:
 
     def _start(self) -> None:
         """Prefill this generation's context (again, after another call used the engines) and run on."""
-        pipe = self.pipe
+        run = self.decoder
         if self._steps is not None:
             self.resumes += 1
             self._earlier = add_stats(self._earlier or Stats(), self._run_stats)
             self._run_stats = Stats()
         self._steps = decode(
-            pipe.engine,
-            pipe.proposer,
+            run.engine,
+            run.proposer,
             self.context,
             max_new_tokens=self.left,
             params=self.params,
-            k=pipe.k,
-            eos_ids=pipe.tokenizer.eos_token_ids,
+            k=run.k,
+            eos_ids=run.eos_ids,
             rng=self.rng,
             stats=self._run_stats,
-            rule=pipe.rule,
+            rule=run.rule,
         )
         self.lease.cached = self.id
-        pipe.history_slot.store = self.history  # what its proposers draft from
+        if run.history_slot is not None:
+            run.history_slot.store = self.history  # what its proposers draft from
 
     def _publish(self) -> None:
         if self._earlier is None:  # one run so far: decode wrote into the result's stats itself

@@ -15,18 +15,13 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from specdec_edge.bundle import check_hashes, read_manifest
+from specdec_edge.bundle import Manifest, check_hashes, read_manifest
+from specdec_edge.engines import Engines, open_engines
 from specdec_edge.errors import SpecdecError
-from specdec_edge.exactness import Verdict, decide, default_runs_plain, describe, recorded_verdict, trees_allowed
-from specdec_edge.generation import EngineLease, Generation, closed_error
-from specdec_edge.runtime.base import Engine
-from specdec_edge.runtime.device import device_identity
-from specdec_edge.runtime.factory import open_engine
-from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
+from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed
+from specdec_edge.generation import Generation, closed_error
 from specdec_edge.runtime.threads import check_threads
-from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.sampling import SamplingParams
-from specdec_edge.speculative.costs import CostKey, device_costs
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, HistorySlot, HistoryStore
 from specdec_edge.speculative.methods import Resources, default_method, get_method
@@ -40,9 +35,10 @@ MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this many characters per token 
 
 
 class Pipeline:
-    """A loaded bundle: target engine, proposer and tokenizer.
+    """One method over a loaded bundle's engines (``engines.Engines``), with the bundle's tokenizer.
 
-    Calls from several threads take turns on the engines one decode step at a time
+    ``Pipeline.load`` opens a bundle; ``Pipeline(tokenizer, Engines(target, ...), method)`` runs engines opened
+    by hand. Calls from several threads take turns on the engines one decode step at a time
     (``specdec_edge/generation.py``): a stream that is read slowly or dropped never blocks the others.
     ``close()`` (or ``with Pipeline.load(...) as pipe:``) frees the engines.
     """
@@ -50,66 +46,28 @@ class Pipeline:
     def __init__(
         self,
         tokenizer: Tokenizer,
-        target: Engine,
-        draft: Engine | None,
+        engines: Engines,
         method: str,
         k: int | None = None,
         options: dict | None = None,
-        lease: EngineLease | None = None,
-        heads: dict[str, HeadGraph] | None = None,
+        *,
         allow_inexact: bool = False,
-        cost_key: CostKey | None = None,
-        verdict: Verdict | None = None,
         history: HistoryStore | None = None,
     ):
         spec = get_method(method)
         k = spec.default_k if k is None else k
-        self.heads = heads or {}
-        problem = spec.missing(draft is not None, self.heads)
+        problem = spec.missing(engines.draft is not None, engines.heads)
         if problem:
             raise SpecdecError(problem)
         if spec.speculative and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
             raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
-        graph = target.graph
-        if verdict is None:  # engines opened by hand: measured on them now (Pipeline.load caches it per device)
-            verdict = to_verdict(measure(target), {})
-        apply(target, verdict)
-        self.verdict = verdict
-        decision = decide(verdict, graph.dtype, speculative=spec.speculative, allow_inexact=allow_inexact)
-        self.allow_inexact = allow_inexact
-        self.tokenizer = tokenizer
-        self.target = target
-        self.draft = draft
-        self.method = method
-        self.k = k
-        self.options = dict(options or {})
-        self.cost_key = cost_key
-        proposer_options, rule_options = spec.check_options(self.options)
-        # The engine the decode loop drives: head methods read the target's features through a tap.
-        self.engine = FeatureTap(target) if spec.taps_features(self.heads) else target
-        trees = trees_allowed(verdict, graph.dtype, allow_inexact)
+        self.tokenizer, self.engines, self.method, self.k = tokenizer, engines, method, k
+        self.options, self.allow_inexact = dict(options or {}), allow_inexact
         self.history = history  # earlier calls' text, for the methods that draft from it (None: off)
-        self.history_slot = HistorySlot()  # the store the current call drafts from (``generation.py`` sets it)
-        resources = Resources(
-            self.engine, draft, self.heads, trees=trees, costs=self._device_costs, history=self.history_slot
-        )
-        self.proposer = spec.build(resources, proposer_options)
-        if self.proposer.branches:  # refused (naming the fixes) where trees are not exact
-            decision = decide(verdict, graph.dtype, speculative=True, branches=True, allow_inexact=allow_inexact)
-        self.exactness = decision
-        if decision.note:
-            log.warning("method %s: %s", method, decision.note) if decision.inexact else log.info("%s", decision.note)
-        self.rule = spec.acceptance(rule_options)
-        self.capacity = min(e.capacity for e in (target, draft) if e is not None)
-        self._lease = lease or EngineLease()  # shared by the pipelines over these engines (with_method)
-        self._lease.pipelines.add(self)
-
-    def _device_costs(self, proposers):
-        """The step costs of this device for ``auto`` (``speculative/costs.py``): cached, else measured now."""
-        key = self.cost_key
-        if key is not None:
-            key = CostKey(key.bundle, key.provider, key.device, key.threads, tuple(proposers))
-        return device_costs(key, self.engine, proposers)
+        self.exactness, self._decoder = _method_decoder(engines, spec, k, self.options, allow_inexact, tokenizer)
+        if self.exactness.note:
+            note = self.exactness.note
+            log.warning("method %s: %s", method, note) if self.exactness.inexact else log.info("%s", note)
 
     @classmethod
     def load(
@@ -131,9 +89,9 @@ class Pipeline:
     ) -> Pipeline:
         """Load ``bundle``.
 
-        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, history, lookahead, eagle,
-        medusa, medusa-typical, pld-eagle, eagle3, pld-eagle3); default: the one the bundle records (`export
-        --default-method`), else "auto", which chooses every step among what the bundle can run by
+        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, history, lookahead,
+        eagle, medusa, medusa-typical, pld-eagle, eagle3, pld-eagle3); default: the one the bundle records
+        (`export --default-method`), else "auto", which chooses every step among what the bundle can run by
         the step costs measured on this device (once per bundle, provider, device and threads;
         ``speculative/auto.py``). ``k`` is the speculation length (the deepest proposal; default:
         the method's, 6 for auto, 8 for history and 4 for the others). ``options`` are the method's options,
@@ -163,71 +121,41 @@ class Pipeline:
         dropped first) for the methods that draft from them (``auto``, ``history``;
         ``speculative/history.py``); False keeps nothing. The output is the same either way, only faster.
         """
-        store = HistoryStore.of_mb(history_mb) if history else None
         root = Path(bundle)
         manifest = read_manifest(root)
         check_hashes(root, manifest)  # once per file version; a damaged file is named before ONNX Runtime reads it
-        heads = manifest.heads
-        chosen = method
-        method = method or default_method(manifest.default_method)
         cpu = check_threads(threads, spinning)
-        problem = get_method(method).missing(manifest.draft is not None, list(heads), f"bundle {root}")
-        if problem:  # before the engines load
-            raise SpecdecError(problem)
-        get_method(method).check_options(options)  # a bad option is named before the engines load, too
-        share = manifest.draft is not None or bool(heads)  # GPU engines: their CPU fallback pools must not spin
-        engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
-        if cuda_graph:
-            engine["cuda_graph"] = True
-        target = open_engine(root, manifest.target.graph, share_process=share, **engine)
-        draft = None
-        if manifest.draft is not None:
-            draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **engine)
-        graph = manifest.target.graph
-        # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
-        setting = provider + ("+cuda-graph" if cuda_graph else "")
-        device = device_identity(setting, str(cpu.threads or "default"))
-        verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device)
-        if chosen is None and default_runs_plain(verdict):
-            method = "plain"  # the default must run: speculation on this graph would not be exact on this device
-        return cls(
-            Tokenizer.from_bundle(root, manifest.tokenizer, chat_template),
-            target,
-            draft,
-            method,
-            k,
-            options,
-            heads=load_head_graphs(root, heads, cpu),
-            allow_inexact=allow_inexact,
-            cost_key=CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning),
-            verdict=verdict,
-            history=store,
-        )
+        _check_method(method or default_method(manifest.default_method), manifest, root, options)
+        engines = open_engines(root, manifest, provider=provider, cpu=cpu, pad_to=pad_to, cuda_graph=cuda_graph)
+        if method is None:  # the default must run: plain where speculation would not be exact on this device
+            method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
+        tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, chat_template)
+        store = HistoryStore.of_mb(history_mb) if history else None
+        return cls(tokenizer, engines, method, k, options, allow_inexact=allow_inexact, history=store)
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
         """A pipeline over the same engines with another method (for comparisons); calls of both take turns;
         ``k`` defaults to the method's own."""
         if self.closed:
             raise closed_error()
-        return Pipeline(
-            self.tokenizer,
-            self.target,
-            self.draft,
-            method,
-            k,
-            options,
-            self._lease,
-            self.heads,
-            self.allow_inexact if allow_inexact is None else allow_inexact,
-            self.cost_key,
-            self.verdict,
-            self.history,  # one history per set of engines
-        )
+        allow = self.allow_inexact if allow_inexact is None else allow_inexact
+        return Pipeline(self.tokenizer, self.engines, method, k, options, allow_inexact=allow, history=self.history)
 
     def new_history(self) -> HistoryStore | None:
         """An empty history store as large as this pipeline's (None when history is off): one per client
         (the server keeps one per API key)."""
         return None if self.history is None else HistoryStore(self.history.limit_bytes)
+
+    # What tests and tools read of the engines and the method (None once closed).
+    target = property(lambda self: self.engines.target)
+    draft = property(lambda self: self.engines.draft)
+    heads = property(lambda self: self.engines.heads)
+    verdict = property(lambda self: self.engines.verdict)
+    capacity = property(lambda self: self.engines.capacity)
+    engine = property(lambda self: self._decoder.engine, doc="the engine the decode loop drives")
+    proposer = property(lambda self: self._decoder.proposer)
+    rule = property(lambda self: self._decoder.rule)
+    history_slot = property(lambda self: self._decoder.history_slot, doc="the store the running call drafts from")
 
     def describe_exactness(self) -> str:
         """One line: what this device's exactness verdict lets run, and whether this method runs inexactly."""
@@ -236,7 +164,7 @@ class Pipeline:
 
     @property
     def closed(self) -> bool:
-        return self._lease.closed
+        return self.engines.closed
 
     def close(self) -> None:
         """Free the engines now (they are shared with the pipelines ``with_method`` made: those close too).
@@ -244,10 +172,7 @@ class Pipeline:
         A step running in another thread ends first; streams still open then end with finish_reason
         "cancelled", and later calls are an error. Safe to call twice, from any thread.
         """
-        self._lease.close()
-        for pipe in list(self._lease.pipelines):
-            pipe.target = pipe.draft = pipe.engine = pipe.proposer = None
-            pipe.heads = {}
+        self.engines.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -309,7 +234,7 @@ class Pipeline:
             )
         result = GenerationResult("", [], Stats(), None)
         store = self._history_for(history)
-        generation = Generation(self, ids, params, max_new_tokens, result.stats, store)
+        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats, store)
         return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
@@ -348,6 +273,38 @@ class Pipeline:
             yield from text_pieces(generation, self.tokenizer, stops, result)
         finally:
             generation.close()
+
+
+def _check_method(method: str, manifest: Manifest, root: Path, options: dict) -> None:
+    """Refuse a method the bundle cannot run, or a bad option, before the engines load."""
+    spec = get_method(method)
+    problem = spec.missing(manifest.draft is not None, list(manifest.heads), f"bundle {root}")
+    if problem:
+        raise SpecdecError(problem)
+    spec.check_options(options)
+
+
+def _method_decoder(engines: Engines, spec, k: int, options: dict, allow_inexact: bool, tokenizer) -> tuple:
+    """The exactness decision of the method ``spec`` on ``engines`` (``exactness.py``; refused, naming the
+    fixes, where it would not be exact and ``allow_inexact`` is off) and its ``Decoder``."""
+    verdict, dtype = engines.verdict, engines.target.graph.dtype
+    decision = decide(verdict, dtype, speculative=spec.speculative, allow_inexact=allow_inexact)
+    proposer_options, rule_options = spec.check_options(options)
+    # The engine the decode loop drives: head methods read the target's features through a tap.
+    engine = FeatureTap(engines.target) if spec.taps_features(engines.heads) else engines.target
+    trees = trees_allowed(verdict, dtype, allow_inexact)
+
+    def costs(proposers):  # auto's step costs of this device (cached, else measured now)
+        return engines.step_costs(engine, proposers)
+
+    slot = HistorySlot()  # which history store the call running now drafts from (``generation.py`` sets it)
+    resources = Resources(engine, engines.draft, engines.heads, trees=trees, costs=costs, history=slot)
+    proposer = spec.build(resources, proposer_options)
+    if proposer.branches:  # refused (naming the fixes) where trees are not exact
+        decision = decide(verdict, dtype, speculative=True, branches=True, allow_inexact=allow_inexact)
+    decoder = engines.decoder(engine, proposer, spec.acceptance(rule_options), k, tokenizer.eos_token_ids)
+    decoder.history_slot = slot
+    return decision, decoder
 
 
 def _content_chars(messages) -> int:

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.bundle import CacheSpec, GraphSpec, read_manifest, verify_bundle
+from specdec_edge.engines import Engines
 from specdec_edge.errors import BundleError
 from specdec_edge.runtime.base import PAD_TO
 from specdec_edge.runtime.ort_engine import OrtEngine
@@ -422,7 +423,7 @@ def test_gpu_engine_pipeline_is_exact_on_cpu(pad_to, tiny_bundle):
         for m in (manifest.target, manifest.draft)
     ]
     ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
-    pipe = Pipeline(ref.tokenizer, engines[0], engines[1], "draft", 4)
+    pipe = Pipeline(ref.tokenizer, Engines(engines[0], engines[1]), "draft", 4)
     for prompt in ("The quick brown fox", "def add(a, b):"):
         assert pipe.generate(prompt, max_new_tokens=24).token_ids == ref.generate(prompt, max_new_tokens=24).token_ids
 
@@ -456,7 +457,7 @@ def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bu
         )
         ref = Pipeline.load(bundle, method="plain", threads=1)
         for method in methods:
-            pipe = Pipeline(ref.tokenizer, engine, None, method, 4, heads=ref.heads if method == "eagle" else None)
+            pipe = Pipeline(ref.tokenizer, Engines(engine, heads=ref.heads if method == "eagle" else None), method, 4)
             engine.passes = engine.fixed_passes = 0  # count generation only (not the verdict measured on this engine)
             for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
                 want = ref.generate(prompt, max_new_tokens=24).token_ids
@@ -474,7 +475,7 @@ def test_fixed_shape_pipeline_runs_eagle3_heads_exactly(eagle3_bundle):
     )
     ref = Pipeline.load(eagle3_bundle, method="plain", threads=1)
     for method in ("eagle3", "pld-eagle3"):
-        pipe = Pipeline(ref.tokenizer, engine, None, method, 4, heads=ref.heads)
+        pipe = Pipeline(ref.tokenizer, Engines(engine, heads=ref.heads), method, 4)
         engine.passes = engine.fixed_passes = 0  # count generation only (not the verdict measured on this engine)
         for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
             result = pipe.generate(prompt, max_new_tokens=24)

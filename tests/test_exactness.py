@@ -13,6 +13,7 @@ import pytest
 
 from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.bundle import read_manifest
+from specdec_edge.engines import Engines
 from specdec_edge.exactness import Verdict, decide, describe, recorded_verdict, trees_allowed
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.verdicts import cached_verdicts, device_verdict, measure, to_verdict
@@ -126,8 +127,8 @@ def test_a_target_that_is_not_batch_invariant_refuses_speculation(tiny_bundle):
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
     failed = replace(plain.verdict, batch_invariant=False)
     with pytest.raises(SpecdecError, match="not batch invariant.*'plain'.*--allow-inexact"):
-        Pipeline(plain.tokenizer, plain.target, None, "pld", verdict=failed)
-    pipe = Pipeline(plain.tokenizer, plain.target, None, "pld", verdict=failed, allow_inexact=True)
+        Pipeline(plain.tokenizer, Engines(plain.target, verdict=failed), "pld")
+    pipe = Pipeline(plain.tokenizer, Engines(plain.target, verdict=failed), "pld", allow_inexact=True)
     assert pipe.exactness.inexact and pipe.generate("the quick", max_new_tokens=4).token_ids
 
 
@@ -137,12 +138,13 @@ def test_quantized_targets_take_chains_and_refuse_branching_trees(tiny_bundle):
     target = replace(plain.target.graph, dtype="int4")
     plain.target.graph = target
     try:
-        assert Pipeline(plain.tokenizer, plain.target, None, "pld", verdict=chains).proposer.branches is False
+        engines = Engines(plain.target, verdict=chains, step_costs=plain.engines.step_costs)
+        assert Pipeline(plain.tokenizer, engines, "pld").proposer.branches is False
         with pytest.raises(SpecdecError, match="proposes token trees.*only chain-shaped proposals.*topk=1"):
-            Pipeline(plain.tokenizer, plain.target, None, "lookahead", verdict=chains)
-        inexact = Pipeline(plain.tokenizer, plain.target, None, "lookahead", verdict=chains, allow_inexact=True)
+            Pipeline(plain.tokenizer, engines, "lookahead")
+        inexact = Pipeline(plain.tokenizer, engines, "lookahead", allow_inexact=True)
         assert inexact.proposer.branches and inexact.exactness.inexact
-        auto = Pipeline(plain.tokenizer, plain.target, None, "auto", verdict=chains, cost_key=plain.cost_key)
+        auto = Pipeline(plain.tokenizer, engines, "auto")
         assert not any(c.name == "lookahead" for c in auto.proposer.candidates)  # auto proposes chains only
     finally:
         plain.target.graph = replace(target, dtype="fp32")
@@ -156,8 +158,9 @@ def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
     try:
 
         def make(**o):
-            heads = plain.heads
-            return Pipeline(plain.tokenizer, plain.target, None, "pld-eagle", None, o, None, heads, verdict=chains)
+            return Pipeline(
+                plain.tokenizer, Engines(plain.target, heads=plain.heads, verdict=chains), "pld-eagle", None, o
+            )
 
         with pytest.raises(SpecdecError, match="proposes token trees"):
             make()  # the bundle's recorded topk 3
@@ -309,7 +312,7 @@ def test_bench_runs_what_users_run_and_marks_what_it_is_told_to_run_inexactly(ti
     plain.target.graph = target
     try:
         chains = Pipeline(
-            plain.tokenizer, plain.target, None, "plain", verdict=replace(plain.verdict, tree_invariant=False)
+            plain.tokenizer, Engines(plain.target, verdict=replace(plain.verdict, tree_invariant=False)), "plain"
         )
         prompts = [BenchPrompt(1, "writing", ("the quick brown fox the quick brown fox",))]
         report = run_bench(chains, ["plain", "pld", "lookahead"], prompts, max_new_tokens=12, progress=False)
@@ -331,7 +334,7 @@ def test_gpu_engines_get_a_verdict_of_their_own(tiny_bundle, tmp_path):
     graph = read_manifest(tiny_bundle).target.graph
     ref = Pipeline.load(tiny_bundle, method="plain", threads=1)
     padded = OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, pad_to=8)
-    pipe = Pipeline(ref.tokenizer, padded, None, "pld", 4)
+    pipe = Pipeline(ref.tokenizer, Engines(padded), "pld", 4)
     assert pipe.verdict.batch_invariant and pipe.verdict.min_pass_width == 1  # every narrow pass is 8 rows
     assert (
         pipe.generate("the quick brown fox", max_new_tokens=12).token_ids
@@ -340,5 +343,5 @@ def test_gpu_engines_get_a_verdict_of_their_own(tiny_bundle, tmp_path):
     dyn = OrtGpuEngine(_dynamic_quantized(tiny_bundle, tmp_path), graph, provider="cpu", device="cpu", threads=1,
                        pad_to=8)  # fmt: skip
     with pytest.raises(SpecdecError, match="not batch invariant"):
-        Pipeline(ref.tokenizer, dyn, None, "pld", 4)
-    assert Pipeline(ref.tokenizer, dyn, None, "plain").generate("the quick", max_new_tokens=4).token_ids
+        Pipeline(ref.tokenizer, Engines(dyn), "pld", 4)
+    assert Pipeline(ref.tokenizer, Engines(dyn), "plain").generate("the quick", max_new_tokens=4).token_ids

@@ -88,6 +88,7 @@ def test_layers_import_downwards_only():
         "specdec_edge.runtime": (
             "speculative",
             "pipeline",
+            "engines",
             "generation",
             "streaming",
             "cli",
@@ -95,7 +96,16 @@ def test_layers_import_downwards_only():
             "export",
             "demo",
         ),
-        "specdec_edge.speculative": ("pipeline", "generation", "streaming", "cli", "bench", "export", "demo"),
+        "specdec_edge.speculative": (
+            "pipeline",
+            "engines",
+            "generation",
+            "streaming",
+            "cli",
+            "bench",
+            "export",
+            "demo",
+        ),
         "specdec_edge.bundle": ("runtime", "speculative", "pipeline", "export"),
     }
     for module, edges in graph.items():

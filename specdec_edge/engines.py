@@ -1,0 +1,108 @@
+"""The engines of one loaded bundle, shared by every pipeline over them, and how a bundle's are opened.
+
+``Engines`` holds what does not depend on the method: the target and draft engines, the trained heads,
+the device's exactness verdict (applied to the target), where ``auto``'s step costs come from, and the
+lease by which calls take turns on the engines (``generation.py``). ``Pipeline`` (one method over them)
+keeps an ``Engines`` and builds its method's ``Decoder`` from it; ``Pipeline.with_method`` shares it, and
+``close()`` frees every engine and every decoder built over them at once. ``open_engines`` opens a bundle's.
+Light: no model code here.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from specdec_edge.bundle import Manifest
+from specdec_edge.exactness import Verdict, recorded_verdict
+from specdec_edge.generation import Decoder, EngineLease
+from specdec_edge.runtime.base import Engine
+from specdec_edge.runtime.device import device_identity
+from specdec_edge.runtime.factory import open_engine
+from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
+from specdec_edge.runtime.threads import CpuThreads
+from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
+from specdec_edge.speculative.costs import CostKey, CostModel, device_costs
+from specdec_edge.speculative.proposal import Proposer
+
+# (the engine the loop drives, the proposers whose own cost to measure) -> the device's step costs
+StepCosts = Callable[[Engine, Mapping[str, Proposer]], CostModel]
+
+
+class Engines:
+    """One bundle's opened engines, their device's verdict and step costs, and the lease over them.
+
+    ``verdict`` None (engines opened by hand): measured on the target now (``open_engines`` caches it per
+    device). ``step_costs`` None: ``auto`` measures them when it is built, and nothing is cached.
+    """
+
+    def __init__(
+        self,
+        target: Engine,
+        draft: Engine | None = None,
+        heads: dict[str, HeadGraph] | None = None,
+        *,
+        verdict: Verdict | None = None,
+        step_costs: StepCosts | None = None,
+    ):
+        if verdict is None:
+            verdict = to_verdict(measure(target), {})
+        apply(target, verdict)
+        self.target, self.draft, self.heads, self.verdict = target, draft, dict(heads or {}), verdict
+        self.step_costs = step_costs or (lambda engine, proposers: device_costs(None, engine, proposers))
+        self.capacity = min(e.capacity for e in (target, draft) if e is not None)
+        self.lease = EngineLease()
+        self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
+
+    def decoder(self, engine: Engine, proposer: Proposer, rule, k: int, eos_ids) -> Decoder:
+        """A method's ``Decoder`` over these engines (freed with them)."""
+        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease)
+        self._decoders.add(decoder)
+        return decoder
+
+    @property
+    def closed(self) -> bool:
+        return self.lease.closed
+
+    def close(self) -> None:
+        """No step starts any more (a running one ends first); every engine and decoder is let go."""
+        self.lease.close()
+        self.target = self.draft = None
+        self.heads = {}
+        for decoder in list(self._decoders):
+            decoder.engine = decoder.proposer = None
+
+
+def open_engines(
+    root: Path,
+    manifest: Manifest,
+    *,
+    provider: str,
+    cpu: CpuThreads,
+    pad_to: int | None = None,
+    cuda_graph: bool = False,
+) -> Engines:
+    """The engines of the bundle at ``root``, with the exactness verdict of this device (cached per device,
+    ``runtime/verdicts.py``) and its step costs (cached per bundle, provider, device and threads)."""
+    share = manifest.draft is not None or bool(manifest.heads)  # GPU engines: their CPU fallback must not spin
+    engine = dict(provider=provider, threads=cpu.threads, spinning=cpu.spinning, pad_to=pad_to)
+    if cuda_graph:
+        engine["cuda_graph"] = True
+    target = open_engine(root, manifest.target.graph, share_process=share, **engine)
+    draft = None
+    if manifest.draft is not None:
+        draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **engine)
+    graph = manifest.target.graph
+    # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
+    setting = provider + ("+cuda-graph" if cuda_graph else "")
+    device = device_identity(setting, str(cpu.threads or "default"))
+    verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device)
+    key = CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning)
+
+    def step_costs(engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
+        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers)
+
+    heads = load_head_graphs(root, manifest.heads, cpu)
+    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs)
