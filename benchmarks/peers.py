@@ -74,7 +74,7 @@ class Ours:
     (plain at its fastest: the other sessions share the pool and sit idle)."""
 
     def __init__(self, bundle: Path, threads: int, k: int, method: str | None = None):
-        self.plain = Pipeline.load(bundle, method="plain", threads=threads)
+        self.plain = Pipeline.load(bundle, method="plain", threads=threads, history=False)  # each prompt runs twice
         manifest = read_manifest(bundle)
         method = method or default_method(manifest.default_method)
         self.spec = self.plain.with_method(method, k=k)

@@ -251,12 +251,13 @@ def _warm_up(pipes: dict, as_text: bool = False) -> None:
     """One short untimed generation per method, so session start-up costs stay out of the numbers."""
     messages = [{"role": "user", "content": "Say hello."}]
     for pipe in pipes.values():
-        pipe.generate(plain_text(messages) if as_text else messages, max_new_tokens=8)
+        pipe.generate(plain_text(messages) if as_text else messages, max_new_tokens=8, history=False)
 
 
 def _timed(pipe, request: list[dict] | str, max_new_tokens: int, gen: dict | None = None):
     start = time.perf_counter()
-    result = pipe.generate(request, max_new_tokens=max_new_tokens, **{"reuse": False, **(gen or {})})
+    # No history: a method run after plain on the same prompt would draft plain's answer from it.
+    result = pipe.generate(request, max_new_tokens=max_new_tokens, history=False, **{"reuse": False, **(gen or {})})
     return result, time.perf_counter() - start
 
 
@@ -273,7 +274,7 @@ def _run_plain(
         # this prompt); without this the first method run on a prompt, plain, would pay for it. (Not before a
         # turn that reuses the turn before: it would leave this turn's whole prompt in the cache.)
         if not (reuse and i):
-            pipe.generate(request, max_new_tokens=1, reuse=False)
+            pipe.generate(request, max_new_tokens=1, reuse=False, history=False)
         result, wall_s = _timed(pipe, request, max_new_tokens, {**(gen or {}), "reuse": reuse and i > 0})
         run.add(result, wall_s)
         inputs.append(request)
@@ -456,24 +457,42 @@ def check_output_path(path: str | Path, option: str) -> Path:
 
 def plot_speedups(report: dict, out: str | Path) -> None:
     """A PNG bar chart: speedup vs plain per category, one bar per speculative method."""
+    methods = [m for m in report["results"] if m != "plain"]
+    categories = list(next(iter(report["results"].values()), {}))
+    bars = {m: [report["results"][m][c]["speedup_vs_plain"] or 0.0 for c in categories] for m in methods}
+    title = f"{model_name(report['meta'])}, greedy, k={report['meta']['k']}"
+    plot_bars(out, categories, bars, "speedup vs plain (tokens/s incl. prefill)", title, group_width=0.7)
+
+
+def plot_bars(
+    out: str | Path,
+    groups: list[str],
+    bars: dict[str, list[float]],
+    ylabel: str,
+    title: str,
+    *,
+    group_width: float,
+    rotate: bool = True,
+    legend_size: int | None = None,
+) -> None:
+    """A PNG of grouped bars, written atomically: a group per ``groups`` entry, in each a bar per series of
+    ``bars`` (its value per group), around a line at 1.0 (bench's and the session benchmark's speedups)."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = [m for m in report["results"] if m != "plain"]
-    categories = list(next(iter(report["results"].values()), {}))
-    width = 0.8 / max(len(methods), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(categories) + 2), 4))
-    for j, m in enumerate(methods):
-        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(categories))]
-        ax.bar(xs, [report["results"][m][c]["speedup_vs_plain"] or 0.0 for c in categories], width, label=m)
+    width = 0.8 / max(len(bars), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, group_width * len(groups) + 2), 4))
+    for j, (name, values) in enumerate(bars.items()):
+        xs = [i + (j - (len(bars) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, values, width, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(categories)), categories, rotation=45, ha="right")
-    ax.set_ylabel("speedup vs plain (tokens/s incl. prefill)")
-    ax.set_title(f"{model_name(report['meta'])}, greedy, k={report['meta']['k']}", fontsize=9)
-    ax.legend()
+    ax.set_xticks(range(len(groups)), groups, **({"rotation": 45, "ha": "right"} if rotate else {}))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     write_atomic(out, write=lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)

@@ -13,6 +13,7 @@ from specdec_edge.cli_options import K_OPTION
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.sampling import SamplingParams
+from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, MAX_HISTORY_MB
 from specdec_edge.speculative.methods import METHODS, options_help
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -31,6 +32,8 @@ class LoadSettings:
     options: tuple[str, ...] = ()  # -o KEY=VALUE, parsed by ``load``
     provider: str = "cpu"
     prompt_cache_mb: float | None = None  # serve's --prompt-cache-mb; None: the default (``prompt_cache.py``)
+    history: bool = True  # chat's and serve's --history/--no-history (``history_options``)
+    history_mb: float = DEFAULT_HISTORY_MB
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,25 @@ def generation_options(f):
     return pipeline_options(settings_options(SamplingSettings, options)(f))
 
 
+def history_options(f):
+    """``--history/--no-history`` and ``--history-mb``: drafting from earlier calls (`chat`, `serve`; fields of
+    ``LoadSettings``)."""
+    f = click.option(
+        "--history-mb",
+        type=click.FloatRange(0, MAX_HISTORY_MB, min_open=True),
+        default=DEFAULT_HISTORY_MB,
+        show_default=True,
+        help="Memory for the history (per client when serving); the oldest text is dropped first.",
+    )(f)
+    return click.option(
+        "--history/--no-history",
+        default=True,
+        show_default=True,
+        help="Keep earlier calls' prompts and answers for the methods that draft from them (auto, history): "
+        "text that repeats what was said before is generated faster; the output is the same either way.",
+    )(f)
+
+
 def load(settings: LoadSettings, template_file: str | None = None):
     """The pipeline ``settings`` describe (with the chat template of ``template_file``); what takes a while to
     measure on first use is reported on stderr."""
@@ -222,6 +244,7 @@ def stats_line(stats) -> str:
 
 @click.command(context_settings=CONTEXT)
 @generation_options
+@history_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
 @click.option(
     "--chat-template",

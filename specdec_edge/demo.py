@@ -39,7 +39,8 @@ def run_demo(
     ``method``: default the bundle's own (auto, unless the bundle records another)."""
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
-    pipe = Pipeline.load(bundle, method="plain", threads=threads, progress=to_stderr)  # it prints anyway
+    # it prints anyway; no history: plain runs the same prompt
+    pipe = Pipeline.load(bundle, method="plain", threads=threads, progress=to_stderr, history=False)
     manifest = read_manifest(bundle)
     method = method or default_method(manifest.default_method)
     method = "pld" if method == "plain" else method  # a bundle that records nothing: show prompt lookup

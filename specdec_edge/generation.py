@@ -41,6 +41,7 @@ from specdec_edge.speculative.stats import Stats, add_stats
 if TYPE_CHECKING:
     from specdec_edge.runtime.base import Engine
     from specdec_edge.speculative.acceptance import AcceptanceRule
+    from specdec_edge.speculative.history import HistorySlot, HistoryStore
     from specdec_edge.speculative.proposal import Proposer
 
 LEASE_S = 0.25  # how long a generation keeps the engines between two of its steps
@@ -135,6 +136,7 @@ class Decoder:
     eos_ids: frozenset
     lease: EngineLease
     prepare: Callable | None = None  # (context) -> tokens restored from the prompt cache before a reusing call
+    history_slot: HistorySlot | None = None  # the store this method's proposers draft from, set per call
 
 
 class Generation:
@@ -149,6 +151,7 @@ class Generation:
         max_new_tokens: int,
         stats: Stats,
         reuse: bool = True,
+        history: HistoryStore | None = None,
     ):
         self.decoder, self.lease = decoder, decoder.lease
         self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
@@ -164,6 +167,7 @@ class Generation:
         self._steps = None  # the running ``decode`` generator
         self._earlier: Stats | None = None  # what the runs before the last resume did
         self._run_stats = stats  # what the current run does (the result's own stats until a resume)
+        self.history = history  # the store it drafts from and is added to when it ends (None: none)
 
     def __iter__(self) -> Generation:
         return self
@@ -187,6 +191,7 @@ class Generation:
         self._publish()
         if step.finish_reason is not None:
             self.done, self._steps = True, None
+            self._remember()
         self.lease.release(self.id, not self.done, self.cancelled)
         return step
 
@@ -212,6 +217,8 @@ class Generation:
             prepare=run.prepare,
         )
         self.lease.cached = self.id
+        if run.history_slot is not None:
+            run.history_slot.store = self.history  # what its proposers draft from
 
     def _publish(self) -> None:
         if self._earlier is None:  # one run so far: decode wrote into the result's stats itself
@@ -234,6 +241,13 @@ class Generation:
         """End this generation (from the thread reading it)."""
         self.done, self._steps = True, None
         self.lease.drop(self.id)
+        self._remember()
+
+    def _remember(self) -> None:
+        """Add the prompt and what was generated to the history store, once."""
+        history, self.history = self.history, None
+        if history is not None:
+            history.add(self.context)
 
 
 def closed_error() -> SpecdecError:

@@ -106,6 +106,11 @@ class PromptCache:
         self.stored += 1
         return True
 
+    def clear(self) -> None:
+        """Drop every snapshot (the counters stay)."""
+        self._store.clear()
+        self.nbytes = 0
+
     def _drop(self, key: int) -> None:
         self.nbytes -= self._store.pop(key).nbytes
 

@@ -27,7 +27,7 @@ TURNS = [
 # method -> bundle fixture (every registered method; tests/test_proposer_contract.py keeps the registry covered)
 SESSIONS = {
     "tiny_self_bundle": ["draft"],  # draft == target: its proposals are accepted, so they are tested
-    "tiny_bundle": ["pld", "lookahead", "auto"],
+    "tiny_bundle": ["pld", "lookahead", "history", "auto"],  # history: drafts from the pipeline's store too
     "heads_bundle": ["eagle", "medusa", "medusa-typical", "pld-eagle", "auto"],
     "eagle3_bundle": ["eagle3", "pld-eagle3"],
 }

@@ -23,6 +23,13 @@ def lookup(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -
 
 def lookup_match(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[np.ndarray, int]:
     """``lookup``'s tokens and the length n of the n-gram they follow (0: no match)."""
+    start, n = find_match(tokens, max_ngram, min_ngram)
+    return tokens[start : start + k], n
+
+
+def find_match(tokens: np.ndarray, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, int]:
+    """Where ``lookup``'s continuation starts in ``tokens`` and the length n of the n-gram it follows
+    (``(len(tokens), 0)``: no match)."""
     length = len(tokens)
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         pattern = tokens[length - n :]
@@ -30,9 +37,18 @@ def lookup_match(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int 
         windows = sliding_window_view(tokens[: length - 1], n)
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if len(hits):
-            start = hits[-1] + n
-            return tokens[start : start + k], n
-    return tokens[:0], 0
+            return int(hits[-1] + n), n
+    return length, 0
+
+
+def match_length(tokens: np.ndarray, start: int, most: int) -> int:
+    """How many tokens before ``start`` equal the last ones of ``tokens`` (at most ``most``): the whole length
+    of the match whose continuation starts at ``start``."""
+    most = min(most, start)
+    if most <= 0:
+        return 0
+    same = tokens[start - most : start][::-1] == tokens[len(tokens) - most :][::-1]
+    return most if same.all() else int(np.argmin(same))
 
 
 class PromptLookupProposer(Proposer):
