@@ -148,7 +148,7 @@ def main() -> None:
         from specdec_edge.bench import bundle_metadata, load_prompts, run_bench, to_markdown
         from specdec_edge.pipeline import Pipeline
 
-        pipe = Pipeline.load(bundle, method="plain", threads=args.threads)
+        pipe = Pipeline.load(bundle, method="plain", threads=args.threads, history=False)
         meta = {**bundle_metadata(bundle), "threads": args.threads, "n_per_category": args.n_per_category}
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         bench = run_bench(

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    pipe = Pipeline.load(args.bundle, method=args.method, k=args.k, threads=args.threads)
+    pipe = Pipeline.load(args.bundle, method=args.method, k=args.k, threads=args.threads, history=False)
     inside = [0.0]
     for engine in filter(None, (pipe.target, pipe.draft)):
         timed(engine.session, inside)

@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    base = Pipeline.load(args.bundle, method="plain", threads=args.threads)
+    base = Pipeline.load(args.bundle, method="plain", threads=args.threads, history=False)
     configs = [parse_config(c) for c in args.config if c != "plain"]
     pipes = {"plain": base, **{name: base.with_method(m, k=k, **o) for name, m, k, o in configs}}
     totals = {name: {"tokens": 0, "decode": 0.0, "draft": 0.0, "verify": 0.0, "steps": 0, "same": 0} for name in pipes}
@@ -58,7 +58,7 @@ def main() -> None:
         base.generate(messages, max_new_tokens=1)  # plans this prompt's prefill shapes, untimed
         want = None
         for name, pipe in pipes.items():
-            result = pipe.generate(messages, max_new_tokens=args.max_new_tokens)
+            result = pipe.generate(messages, max_new_tokens=args.max_new_tokens, reuse=False)
             s, t = result.stats, totals[name]
             t["tokens"] += s.new_tokens
             t["decode"] += s.decode_s

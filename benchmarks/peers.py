@@ -74,7 +74,7 @@ class Ours:
     (plain at its fastest: the other sessions share the pool and sit idle)."""
 
     def __init__(self, bundle: Path, threads: int, k: int, method: str | None = None):
-        self.plain = Pipeline.load(bundle, method="plain", threads=threads)
+        self.plain = Pipeline.load(bundle, method="plain", threads=threads, history=False)  # each prompt runs twice
         manifest = read_manifest(bundle)
         method = method or default_method(manifest.default_method)
         self.spec = self.plain.with_method(method, k=k)
@@ -82,7 +82,8 @@ class Ours:
 
     def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
         start = time.perf_counter()
-        result = (self.spec if speculative else self.plain).generate(messages, max_new_tokens=max_new_tokens)
+        pipe = self.spec if speculative else self.plain
+        result = pipe.generate(messages, max_new_tokens=max_new_tokens, reuse=False)  # a fresh prefill, as the peers
         return result.token_ids, result.stats.new_tokens, time.perf_counter() - start, result.stats.prefill_s
 
 

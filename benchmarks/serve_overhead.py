@@ -38,7 +38,7 @@ def start_server(bundle: Path, method: str, threads: int) -> tuple[subprocess.Po
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-c", "from specdec_edge.cli import main; main()", "serve", str(bundle)]
-    command += ["--method", method, "--threads", str(threads), "--port", str(port)]
+    command += ["--method", method, "--threads", str(threads), "--port", str(port), "--no-history"]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    pipe = Pipeline.load(args.bundle, method=args.method, threads=args.threads)
+    pipe = Pipeline.load(args.bundle, method=args.method, threads=args.threads, history=False)
     proc, url = start_server(args.bundle, args.method, args.threads)
     client = OpenAI(base_url=url + "/v1", api_key="unused")
     model = client.models.list().data[0].id

@@ -54,6 +54,8 @@ KEYS = (
     "identical_output_rate",
     "near_ties",
     "min_logit_gap",
+    "reused_tokens",
+    "prefilled_tokens",
     "by_proposer",
 )
 
@@ -143,6 +145,7 @@ def run_bench(
     temperature: float = 0.0,
     seed: int = 0,
     allow_inexact: bool = False,
+    reuse: bool = False,
 ) -> dict:
     """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
 
@@ -156,6 +159,9 @@ def run_bench(
     ``temperature`` > 0 samples (every call with ``seed``): outputs are then not comparable token
     by token, so ``identical_output_rate`` is None; speeds and acceptance still are. Lossy methods
     (the registry's ``Method.lossy``) are listed under ``meta["lossy_methods"]`` and marked "(lossy)".
+    ``reuse``: a prompt's second turn keeps the KV cache of its first (``Pipeline.generate``'s reuse), for every
+    method alike; first turns start afresh, as by default every call does here (the report's
+    ``reused_tokens`` and ``prefilled_tokens`` count what was kept and computed).
     """
     gen = {"temperature": temperature, "seed": seed}
     pipes, skipped = {}, {}
@@ -172,7 +178,7 @@ def run_bench(
     bar = tqdm(total=len(prompts) * len(pipes), desc="bench", unit="gen", file=sys.stderr, disable=not progress)
     for i, prompt in enumerate(prompts):
         try:
-            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens, gen, as_text)
+            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens, gen, as_text, reuse)
         except SpecdecError as e:
             skipped_prompts.append({"question_id": prompt.question_id, "category": prompt.category, "reason": str(e)})
             bar.update(len(pipes))
@@ -183,8 +189,8 @@ def run_bench(
             if m == "plain":
                 continue
             run = Run([])
-            for request in inputs:
-                run.add(*_timed(pipe, request, max_new_tokens, gen))
+            for turn, request in enumerate(inputs):
+                run.add(*_timed(pipe, request, max_new_tokens, {**gen, "reuse": reuse and turn > 0}))
             runs[m][i] = run
             if temperature == 0:
                 divergences += _divergences(m, prompt, plain, run)
@@ -212,6 +218,7 @@ def run_bench(
         "step_costs": None if costs is None else costs.to_json(),
         "temperature": temperature,
         "seed": seed,
+        "reuse": reuse,
         "prompt_format": PLAIN_FORMAT if as_text else CHAT_FORMAT,
         "lossy_methods": [m for m in pipes if METHODS[m].lossy],
         "inexact_methods": [m for m, p in pipes.items() if p.exactness.inexact],
@@ -244,28 +251,31 @@ def _warm_up(pipes: dict, as_text: bool = False) -> None:
     """One short untimed generation per method, so session start-up costs stay out of the numbers."""
     messages = [{"role": "user", "content": "Say hello."}]
     for pipe in pipes.values():
-        pipe.generate(plain_text(messages) if as_text else messages, max_new_tokens=8)
+        pipe.generate(plain_text(messages) if as_text else messages, max_new_tokens=8, history=False)
 
 
 def _timed(pipe, request: list[dict] | str, max_new_tokens: int, gen: dict | None = None):
     start = time.perf_counter()
-    result = pipe.generate(request, max_new_tokens=max_new_tokens, **(gen or {}))
+    # No history: a method run after plain on the same prompt would draft plain's answer from it.
+    result = pipe.generate(request, max_new_tokens=max_new_tokens, history=False, **{"reuse": False, **(gen or {})})
     return result, time.perf_counter() - start
 
 
 def _run_plain(
-    pipe, prompt: BenchPrompt, max_new_tokens: int, gen: dict | None = None, as_text: bool = False
+    pipe, prompt: BenchPrompt, max_new_tokens: int, gen: dict | None = None, as_text: bool = False, reuse=False
 ) -> tuple[Run, list]:
     """Plain on every turn; also the requests every method gets (turn 2 carries plain's answer): message
     lists, or with ``as_text`` (a model without a chat template) the same conversation as plain text."""
     run, inputs, history = Run([]), [], []
-    for turn in prompt.turns:
+    for i, turn in enumerate(prompt.turns):
         messages = [*history, {"role": "user", "content": turn}]
         request = plain_text(messages) if as_text else messages
         # Untimed: ONNX Runtime plans each new input shape on first sight (the prefill chunks of
-        # this prompt); without this the first method run on a prompt, plain, would pay for it.
-        pipe.generate(request, max_new_tokens=1)
-        result, wall_s = _timed(pipe, request, max_new_tokens, gen)
+        # this prompt); without this the first method run on a prompt, plain, would pay for it. (Not before a
+        # turn that reuses the turn before: it would leave this turn's whole prompt in the cache.)
+        if not (reuse and i):
+            pipe.generate(request, max_new_tokens=1, reuse=False, history=False)
+        result, wall_s = _timed(pipe, request, max_new_tokens, {**(gen or {}), "reuse": reuse and i > 0})
         run.add(result, wall_s)
         inputs.append(request)
         history = [*messages, {"role": "assistant", "content": result.text}]
@@ -313,6 +323,8 @@ def _aggregate(runs: list[Run], plain: list[Run], comparable: bool = True) -> di
         ),
         "near_ties": total.near_ties,
         "min_logit_gap": total.min_logit_gap,
+        "reused_tokens": total.reused_tokens,
+        "prefilled_tokens": total.prefilled_tokens,
         "by_proposer": {name: p.as_dict() for name, p in sorted(total.by_proposer.items())},
     }
 
@@ -367,8 +379,8 @@ def to_markdown(report: dict) -> str:
         f"Prompts: {meta.get('prompt_format', CHAT_FORMAT)}.",
         "",
         "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
-        "| identical | near-ties |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| identical | near-ties | reused / prefilled tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     categories = next(iter(report["results"].values()), {})
     for c in categories:
@@ -379,7 +391,8 @@ def to_markdown(report: dict) -> str:
                 f"| {c} | {label} | {r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
                 f"{r['prefill_s']:.3f} | {_fmt(r['speedup_vs_plain'], '.2f')}x | "
                 f"{r['mean_accepted_tokens']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | "
-                f"{_fmt(r['identical_output_rate'], '.0%')} | {r['near_ties']} |"
+                f"{_fmt(r['identical_output_rate'], '.0%')} | {r['near_ties']} | "
+                f"{r.get('reused_tokens', 0)} / {r.get('prefilled_tokens', 0)} |"
             )
     mixed = {m: rows[OVERALL]["by_proposer"] for m, rows in report["results"].items()}
     mixed = {m: by for m, by in mixed.items() if len(by) > 1}
@@ -444,24 +457,42 @@ def check_output_path(path: str | Path, option: str) -> Path:
 
 def plot_speedups(report: dict, out: str | Path) -> None:
     """A PNG bar chart: speedup vs plain per category, one bar per speculative method."""
+    methods = [m for m in report["results"] if m != "plain"]
+    categories = list(next(iter(report["results"].values()), {}))
+    bars = {m: [report["results"][m][c]["speedup_vs_plain"] or 0.0 for c in categories] for m in methods}
+    title = f"{model_name(report['meta'])}, greedy, k={report['meta']['k']}"
+    plot_bars(out, categories, bars, "speedup vs plain (tokens/s incl. prefill)", title, group_width=0.7)
+
+
+def plot_bars(
+    out: str | Path,
+    groups: list[str],
+    bars: dict[str, list[float]],
+    ylabel: str,
+    title: str,
+    *,
+    group_width: float,
+    rotate: bool = True,
+    legend_size: int | None = None,
+) -> None:
+    """A PNG of grouped bars, written atomically: a group per ``groups`` entry, in each a bar per series of
+    ``bars`` (its value per group), around a line at 1.0 (bench's and the session benchmark's speedups)."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = [m for m in report["results"] if m != "plain"]
-    categories = list(next(iter(report["results"].values()), {}))
-    width = 0.8 / max(len(methods), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(categories) + 2), 4))
-    for j, m in enumerate(methods):
-        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(categories))]
-        ax.bar(xs, [report["results"][m][c]["speedup_vs_plain"] or 0.0 for c in categories], width, label=m)
+    width = 0.8 / max(len(bars), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, group_width * len(groups) + 2), 4))
+    for j, (name, values) in enumerate(bars.items()):
+        xs = [i + (j - (len(bars) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, values, width, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(categories)), categories, rotation=45, ha="right")
-    ax.set_ylabel("speedup vs plain (tokens/s incl. prefill)")
-    ax.set_title(f"{model_name(report['meta'])}, greedy, k={report['meta']['k']}", fontsize=9)
-    ax.legend()
+    ax.set_xticks(range(len(groups)), groups, **({"rotation": 45, "ha": "right"} if rotate else {}))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     write_atomic(out, write=lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)

@@ -72,6 +72,19 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "(inexact) in the report. Without it they are skipped, as chat, generate and serve refuse them.",
 )
 @click.option(
+    "--reuse",
+    is_flag=True,
+    help="Each prompt's second turn keeps the KV cache of its first (as chat and serve do), for every method "
+    "alike; without it every call prefills its whole prompt, as a first call does.",
+)
+@click.option(
+    "--sessions",
+    is_flag=True,
+    help="Multi-turn sessions instead (Spec-Bench's two turns, a five-turn document conversation, a code-editing "
+    "loop, an agent loop; specdec_edge/sessions.py): each turn timed, rows with and without KV reuse and "
+    "history; --methods defaults to plain,auto here, --n-per-category is sessions per kind.",
+)
+@click.option(
     "--json",
     "json_out",
     type=click.Path(dir_okay=False),
@@ -101,6 +114,8 @@ def bench(
     seed,
     options,
     allow_inexact,
+    reuse,
+    sessions,
     json_out,
     md_out,
     plot_out,
@@ -121,7 +136,6 @@ def bench(
       specdec-edge bench bundles/smollm2 --methods plain,lookahead -o lookahead.window=3 -o lookahead.guesses=2
       specdec-edge bench bundles/heads --methods plain,medusa,medusa-typical --temperature 0.7
     """
-    from specdec_edge.atomic import write_atomic
     from specdec_edge.bench import (
         bundle_metadata,
         check_methods,
@@ -140,6 +154,12 @@ def bench(
         if path:
             check_output_path(path, option)  # before the run, so that its results are not lost at the end
     method_options = parse_options(options, per_method=True)
+    if sessions and click.get_current_context().get_parameter_source("methods").name == "DEFAULT":
+        methods = "plain,auto"
+    if sessions and temperature:
+        raise SpecdecError("--sessions is greedy (every turn is compared with plain's); leave out --temperature.")
+    if sessions and reuse:
+        raise SpecdecError("--sessions runs its rows with and without KV reuse itself; leave out --reuse.")
     wanted = check_methods([m.strip() for m in methods.split(",") if m.strip()])
     if plot_out:
         require_matplotlib()
@@ -152,11 +172,21 @@ def bench(
         "n_per_category": n_per_category,
         "prompts_file": prompts_file or "packaged Spec-Bench",
     }
-    pipe = Pipeline.load(
-        bundle, method="plain", k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, progress=to_stderr
-    )
+    # no history: every method runs the prompts plain ran first (sessions give each row a store of its own)
+    settings = dict(k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, history=False)
+    pipe = Pipeline.load(bundle, method="plain", progress=to_stderr, **settings)
     meta["options"] = method_options
-    run = dict(k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, allow_inexact=allow_inexact)
+    if sessions:
+        from specdec_edge.sessions import build_sessions, plot_sessions, run_sessions, sessions_markdown
+
+        report = run_sessions(
+            pipe, wanted, build_sessions(prompts_file, n_per_category), max_new_tokens=max_new_tokens, meta=meta
+        )
+        write_report(report, sessions_markdown(report), plot_sessions, json_out, md_out, plot_out)
+        return
+    run = dict(
+        k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, allow_inexact=allow_inexact, reuse=reuse
+    )
     report = run_bench(pipe, wanted, prompts, meta=meta, options=method_options, **run)
     for m, reason in report["skipped_methods"].items():
         click.echo(f"Skipped method {m}: {reason}", err=True)
@@ -166,13 +196,19 @@ def bench(
             f"at token {d['position']}.",
             err=True,
         )
-    table = to_markdown(report)
+    write_report(report, to_markdown(report), plot_speedups, json_out, md_out, plot_out)
+
+
+def write_report(report: dict, table: str, plot, json_out, md_out, plot_out) -> None:
+    """Print the Markdown table, then write the JSON, Markdown and PNG asked for."""
+    from specdec_edge.atomic import write_atomic
+
     click.echo(table)
     failed = []
     for path, option, write in (
         (json_out, "--json", lambda p: write_atomic(p, json.dumps(report, indent=2))),
         (md_out, "--md", lambda p: write_atomic(p, table)),
-        (plot_out, "--plot", lambda p: plot_speedups(report, p)),
+        (plot_out, "--plot", lambda p: plot(report, p)),
     ):
         if not path:
             continue

@@ -12,7 +12,7 @@ K_OPTION = click.option(
     type=click.IntRange(min=1),
     default=None,
     help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
-    "which verifies only the part worth its cost; 4 for the others).",
+    "which verifies only the part worth its cost; 8 for history; 4 for the others).",
 )
 
 

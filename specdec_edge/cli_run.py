@@ -13,6 +13,7 @@ from specdec_edge.cli_options import K_OPTION
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.sampling import SamplingParams
+from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, MAX_HISTORY_MB
 from specdec_edge.speculative.methods import METHODS, options_help
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -30,6 +31,9 @@ class LoadSettings:
     allow_inexact: bool = False
     options: tuple[str, ...] = ()  # -o KEY=VALUE, parsed by ``load``
     provider: str = "cpu"
+    prompt_cache_mb: float | None = None  # serve's --prompt-cache-mb; None: the default (``prompt_cache.py``)
+    history: bool = True  # chat's and serve's --history/--no-history (``history_options``)
+    history_mb: float = DEFAULT_HISTORY_MB
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class SamplingSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    reuse: bool = True  # chat's --reuse/--no-reuse: keep the KV prefix a turn shares with the one before
 
     def check(self) -> None:
         """Refuse a bad value (e.g. --temperature inf) before the (slow) load."""
@@ -52,12 +57,15 @@ class SamplingSettings:
 
 def settings_options(cls, options):
     """A decorator adding the click ``options``, whose values reach the command as one ``cls`` (a dataclass
-    whose fields are the options' names): after the arguments the decorators outside this one put first."""
+    whose fields are the options' names): after the arguments the decorators outside this one put first. An
+    option of the command's own whose name is a field (serve's --prompt-cache-mb, chat's --reuse) goes there
+    too; a field with a default that the command has no option for keeps it."""
 
     def decorate(f):
         @functools.wraps(f)
         def command(*args, **params):
-            settings = cls(**{name: params.pop(name) for name in cls.__dataclass_fields__})
+            fields = cls.__dataclass_fields__
+            settings = cls(**{name: params.pop(name) for name in fields if name in params})
             return f(*args, settings, **params)
 
         for option in reversed(options):
@@ -148,6 +156,25 @@ def generation_options(f):
     return pipeline_options(settings_options(SamplingSettings, options)(f))
 
 
+def history_options(f):
+    """``--history/--no-history`` and ``--history-mb``: drafting from earlier calls (`chat`, `serve`; fields of
+    ``LoadSettings``)."""
+    f = click.option(
+        "--history-mb",
+        type=click.FloatRange(0, MAX_HISTORY_MB, min_open=True),
+        default=DEFAULT_HISTORY_MB,
+        show_default=True,
+        help="Memory for the history (per client when serving); the oldest text is dropped first.",
+    )(f)
+    return click.option(
+        "--history/--no-history",
+        default=True,
+        show_default=True,
+        help="Keep earlier calls' prompts and answers for the methods that draft from them (auto, history): "
+        "text that repeats what was said before is generated faster; the output is the same either way.",
+    )(f)
+
+
 def load(settings: LoadSettings, template_file: str | None = None):
     """The pipeline ``settings`` describe (with the chat template of ``template_file``); what takes a while to
     measure on first use is reported on stderr."""
@@ -206,7 +233,9 @@ def _line_editing() -> None:
 def stats_line(stats) -> str:
     line = (
         f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
-        f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms]"
+        f"{stats.tokens_per_pass:.2f} tokens per target pass, prefill {stats.prefill_s * 1000:.0f} ms"
+        + (f", {stats.reused_tokens} prompt tokens reused" if stats.reused_tokens else "")
+        + "]"
     )
     if len(stats.by_proposer) > 1:  # a method that mixes proposers (auto, pld-eagle): which ran, how well
         line += f"\n[{stats.proposer_summary()}]"
@@ -215,6 +244,7 @@ def stats_line(stats) -> str:
 
 @click.command(context_settings=CONTEXT)
 @generation_options
+@history_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
 @click.option(
     "--chat-template",
@@ -223,6 +253,13 @@ def stats_line(stats) -> str:
     default=None,
     help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
     "Without one, a base model's bundle (no template) runs as a completion REPL.",
+)
+@click.option(
+    "--reuse/--no-reuse",
+    default=True,
+    show_default=True,
+    help="Keep the conversation's KV cache between turns, so each turn prefills only what is new (--no-reuse "
+    "prefills the whole conversation every turn, for comparison).",
 )
 def chat(settings: LoadSettings, sampling: SamplingSettings, system, template_file):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.

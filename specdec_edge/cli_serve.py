@@ -7,7 +7,20 @@ from pathlib import Path
 
 import click
 
-from specdec_edge.cli_run import CONTEXT, LoadSettings, load, pipeline_options
+from specdec_edge.cli_run import CONTEXT, LoadSettings, history_options, load, pipeline_options
+from specdec_edge.prompt_cache import DEFAULT_MB
+
+
+def describe_reuse(pipe, reuse: bool) -> str:
+    """One line for the start-up banner: what is kept between requests."""
+    if not reuse:
+        return "off: every request prefills its whole prompt"
+    cache = pipe.engines.prompt_cache
+    if cache is None:
+        return "the last request's context is kept; no prompt cache"
+    if not pipe.target.can_snapshot:
+        return f"the last request's context is kept; no prompt cache on provider {pipe.target.__class__.__name__}"
+    return f"the last request's context is kept, and up to {cache.limit / 2**20:g} MB of earlier ones in host memory"
 
 
 def is_loopback(host: str) -> bool:
@@ -21,6 +34,7 @@ def is_loopback(host: str) -> bool:
 
 @click.command(context_settings=CONTEXT)
 @pipeline_options
+@history_options
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -30,10 +44,12 @@ def is_loopback(host: str) -> bool:
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option(
     "--api-key",
+    "api_keys",
     envvar="SPECDEC_API_KEY",
-    default=None,
-    help="Require 'Authorization: Bearer KEY' on every route but /health. Also read from $SPECDEC_API_KEY, "
-    "which keeps the key out of the process list.",
+    multiple=True,
+    help="Require 'Authorization: Bearer KEY' on every route but /health. Repeatable: each key is a client with "
+    "its own history (never shared between keys). Also read from $SPECDEC_API_KEY (keys separated by spaces), "
+    "which keeps the keys out of the process list.",
 )
 @click.option(
     "--max-queue",
@@ -58,7 +74,22 @@ def is_loopback(host: str) -> bool:
     help="Larger request bodies are refused with 413.",
 )
 @click.option("--model-name", default=None, help="The model id clients send (default: the bundle folder's name).")
-def serve(settings: LoadSettings, model_name, **server):
+@click.option(
+    "--reuse/--no-reuse",
+    default=True,
+    show_default=True,
+    help="A request keeps the KV prefix it shares with the previous one (a system prompt, the next turn) instead "
+    "of prefilling it again.",
+)
+@click.option(
+    "--prompt-cache-mb",
+    type=click.FloatRange(0, 2**20),
+    default=DEFAULT_MB,
+    show_default=True,
+    help="Host memory for snapshots of earlier requests' KV caches (several conversations or system prompts in "
+    "turn: a request that shares more with one of them restores it instead of prefilling). 0 turns it off.",
+)
+def serve(settings: LoadSettings, model_name, api_keys, **server):
     """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
 
     POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models,
@@ -78,15 +109,21 @@ def serve(settings: LoadSettings, model_name, **server):
     from specdec_edge.serve import check_extra, run
 
     check_extra()
-    pipe = load(settings)
+    api_keys = tuple(key for key in api_keys if key)
+    pipe = load(settings)  # with --prompt-cache-mb, --history and --history-mb (LoadSettings fields)
     model = model_name or Path(settings.bundle).resolve().name
-    host = server["host"]  # with port, api_key, max_queue, timeout_s and max_body_bytes: run's keywords
-    if not is_loopback(host) and server["api_key"] is None:
+    host = server["host"]  # with port, max_queue, timeout_s, max_body_bytes and reuse: run's keywords
+    if not is_loopback(host) and not api_keys:
         click.secho(
-            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model.",
+            f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model"
+            + (" (and share one history: see --no-history)." if settings.history else "."),
             fg="yellow",
             err=True,
         )
     click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{server['port']}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
-    run(pipe, model=model, **server)
+    click.echo(f"KV reuse: {describe_reuse(pipe, server['reuse'])} (--no-reuse, --prompt-cache-mb).")
+    if settings.history:
+        clients = f"each of the {len(api_keys)} API keys" if len(api_keys) > 1 else "the one client"
+        click.echo(f"History: up to {settings.history_mb:g} MiB for {clients} (--no-history turns it off).")
+    run(pipe, model=model, api_key=api_keys, **server)

@@ -39,7 +39,8 @@ def run_demo(
     ``method``: default the bundle's own (auto, unless the bundle records another)."""
     write = write or (lambda text: print(text, end="", flush=True))
     bundle = default_bundle(dtype)
-    pipe = Pipeline.load(bundle, method="plain", threads=threads, progress=to_stderr)  # it prints anyway
+    # it prints anyway; no history: plain runs the same prompt
+    pipe = Pipeline.load(bundle, method="plain", threads=threads, progress=to_stderr, history=False)
     manifest = read_manifest(bundle)
     method = method or default_method(manifest.default_method)
     method = "pld" if method == "plain" else method  # a bundle that records nothing: show prompt lookup
@@ -48,10 +49,10 @@ def run_demo(
     echo(f"Bundle: {bundle}")
     echo(f"Prompt ({len(pipe.encode(messages))} tokens): {messages[0]['content'][:160]}...")
     echo(f"\n--- {method} (k={spec.k}), streamed ---")
-    for piece in (stream := spec.stream(messages, max_new_tokens=max_new_tokens)):
+    for piece in (stream := spec.stream(messages, max_new_tokens=max_new_tokens, reuse=False)):
         write(piece)
     fast = stream.result
-    slow = pipe.generate(messages, max_new_tokens=max_new_tokens)
+    slow = pipe.generate(messages, max_new_tokens=max_new_tokens, reuse=False)  # a fresh prefill, as fast had
     speedup = fast.stats.tokens_per_s / slow.stats.tokens_per_s if slow.stats.tokens_per_s else float("nan")
     same = fast.token_ids == slow.token_ids
     echo("\n\n--- result ---")

@@ -15,10 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from specdec_edge.bundle import Manifest
+from specdec_edge.bundle import Manifest, manifest_digest
 from specdec_edge.exactness import Verdict, recorded_verdict
 from specdec_edge.generation import Decoder, EngineLease
 from specdec_edge.progress import Progress
+from specdec_edge.prompt_cache import DEFAULT_MB, PromptCache
 from specdec_edge.runtime.base import DEFAULT_GPU, Engine, GpuOptions
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
@@ -38,6 +39,7 @@ class Engines:
 
     ``verdict`` None (engines opened by hand): measured on the target now (``open_engines`` caches it per
     device). ``step_costs`` None: ``auto`` measures them when it is built, and nothing is cached.
+    ``prompt_cache``: the store of earlier contexts' snapshots (``prompt_cache.py``), or None for none.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class Engines:
         *,
         verdict: Verdict | None = None,
         step_costs: StepCosts | None = None,
+        prompt_cache: PromptCache | None = None,
     ):
         if verdict is None:
             verdict = to_verdict(measure(target), {})
@@ -56,13 +59,20 @@ class Engines:
         self.step_costs = step_costs or (lambda engine, proposers: device_costs(None, engine, proposers))
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
         self.lease = EngineLease()
+        self.prompt_cache = prompt_cache
         self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
 
     def decoder(self, engine: Engine, proposer: Proposer, rule, k: int, eos_ids) -> Decoder:
         """A method's ``Decoder`` over these engines (freed with them)."""
-        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease)
+        cache = self.prompt_cache
+        prepare = None if cache is None else (lambda context: cache.prepare(self, engine, context))
+        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease, prepare)
         self._decoders.add(decoder)
         return decoder
+
+    def decoders(self) -> list[Decoder]:
+        """The decoders built over these engines (every method's that is still in use)."""
+        return list(self._decoders)
 
     @property
     def closed(self) -> bool:
@@ -71,7 +81,7 @@ class Engines:
     def close(self) -> None:
         """No step starts any more (a running one ends first); every engine and decoder is let go."""
         self.lease.close()
-        self.target = self.draft = None
+        self.target = self.draft = self.prompt_cache = None
         self.heads = {}
         for decoder in list(self._decoders):
             decoder.engine = decoder.proposer = None
@@ -85,10 +95,12 @@ def open_engines(
     cpu: CpuThreads,
     gpu: GpuOptions = DEFAULT_GPU,
     progress: Progress | None = None,
+    prompt_cache_mb: float = DEFAULT_MB,
 ) -> Engines:
     """The engines of the bundle at ``root``, with the exactness verdict of this device (cached per device,
-    ``runtime/verdicts.py``) and its step costs (cached per bundle, provider, device and threads,
-    ``step_costs.py``); measuring either is reported to ``progress`` (``progress.py``)."""
+    ``runtime/verdicts.py``), its step costs (cached per bundle, provider, device and threads, ``step_costs.py``)
+    and a prompt cache of ``prompt_cache_mb`` MB (0: none); measuring the verdict or the costs is reported to
+    ``progress`` (``progress.py``)."""
     share = manifest.draft is not None or bool(manifest.heads)  # GPU engines: their CPU fallback must not spin
     settings = dict(provider=provider, cpu=cpu, gpu=gpu)
     target = open_engine(root, manifest.target.graph, share_process=share, **settings)
@@ -106,4 +118,5 @@ def open_engines(
         return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, progress=progress)
 
     heads = load_head_graphs(root, manifest.heads, cpu)
-    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs)
+    cache = PromptCache(int(prompt_cache_mb * 2**20), manifest_digest(root)) if prompt_cache_mb else None
+    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs, prompt_cache=cache)

@@ -156,7 +156,10 @@ def default_runs_plain(verdict: Verdict) -> bool:
 def describe(verdict: Verdict, dtype: str) -> str:
     """One line for ``info``: what the verdict lets run."""
     if not verdict.batch_invariant:
-        return "NOT batch invariant: speculation is refused (--allow-inexact runs it and may change the output)"
+        return (
+            "NOT batch invariant: speculation is refused (--allow-inexact runs it and may change the output)"
+            + _reuse(verdict)
+        )
     pad = f"; one-row passes padded to {verdict.min_pass_width}" if verdict.min_pass_width > 1 else ""
     if verdict.tree_invariant:
         trees = ", token trees too"
@@ -164,7 +167,21 @@ def describe(verdict: Verdict, dtype: str) -> str:
         trees = ", token trees to float rounding (near-ties logged)"
     else:
         trees = "; token trees round differently, so tree methods need --allow-inexact (chains stay exact)"
-    return f"batch invariant up to {verdict.max_width} rows{pad}: chains are verified bit for bit{trees}"
+    chains = f"batch invariant up to {verdict.max_width} rows{pad}: chains are verified bit for bit"
+    return chains + trees + _reuse(verdict)
+
+
+def _reuse(verdict: Verdict) -> str:
+    """What the verdict says of a reused cache against a fresh prefill (verdicts measured before it say nothing)."""
+    same = verdict.details.get("reuse_matches_prefill")
+    if same is None:
+        return ""
+    if same:
+        return "; a reused KV prefix equals a fresh prefill bit for bit"
+    return (
+        "; a reused KV prefix differs from a fresh prefill in the last bits (output with reuse equals plain "
+        "decoding's with reuse; against a call without reuse a near-tie may differ)"
+    )
 
 
 def _where(verdict: Verdict) -> str:

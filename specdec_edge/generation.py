@@ -29,6 +29,7 @@ import collections
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ from specdec_edge.speculative.stats import Stats, add_stats
 if TYPE_CHECKING:
     from specdec_edge.runtime.base import Engine
     from specdec_edge.speculative.acceptance import AcceptanceRule
+    from specdec_edge.speculative.history import HistorySlot, HistoryStore
     from specdec_edge.speculative.proposal import Proposer
 
 LEASE_S = 0.25  # how long a generation keeps the engines between two of its steps
@@ -133,6 +135,8 @@ class Decoder:
     k: int
     eos_ids: frozenset
     lease: EngineLease
+    prepare: Callable | None = None  # (context) -> tokens restored from the prompt cache before a reusing call
+    history_slot: HistorySlot | None = None  # the store this method's proposers draft from, set per call
 
 
 class Generation:
@@ -140,9 +144,17 @@ class Generation:
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
     def __init__(
-        self, decoder: Decoder, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, stats: Stats
+        self,
+        decoder: Decoder,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_new_tokens: int,
+        stats: Stats,
+        reuse: bool = True,
+        history: HistoryStore | None = None,
     ):
         self.decoder, self.lease = decoder, decoder.lease
+        self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
@@ -155,6 +167,7 @@ class Generation:
         self._steps = None  # the running ``decode`` generator
         self._earlier: Stats | None = None  # what the runs before the last resume did
         self._run_stats = stats  # what the current run does (the result's own stats until a resume)
+        self.history = history  # the store it drafts from and is added to when it ends (None: none)
 
     def __iter__(self) -> Generation:
         return self
@@ -178,6 +191,7 @@ class Generation:
         self._publish()
         if step.finish_reason is not None:
             self.done, self._steps = True, None
+            self._remember()
         self.lease.release(self.id, not self.done, self.cancelled)
         return step
 
@@ -199,8 +213,12 @@ class Generation:
             rng=self.rng,
             stats=self._run_stats,
             rule=run.rule,
+            reuse=self.reuse,
+            prepare=run.prepare,
         )
         self.lease.cached = self.id
+        if run.history_slot is not None:
+            run.history_slot.store = self.history  # what its proposers draft from
 
     def _publish(self) -> None:
         if self._earlier is None:  # one run so far: decode wrote into the result's stats itself
@@ -223,6 +241,13 @@ class Generation:
         """End this generation (from the thread reading it)."""
         self.done, self._steps = True, None
         self.lease.drop(self.id)
+        self._remember()
+
+    def _remember(self) -> None:
+        """Add the prompt and what was generated to the history store, once."""
+        history, self.history = self.history, None
+        if history is not None:
+            history.add(self.context)
 
 
 def closed_error() -> SpecdecError:

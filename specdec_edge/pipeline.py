@@ -21,10 +21,12 @@ from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed
 from specdec_edge.generation import Generation, closed_error
 from specdec_edge.progress import Progress
+from specdec_edge.prompt_cache import DEFAULT_MB, load_prefix, save_prefix
 from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.features import FeatureTap
+from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, HistorySlot, HistoryStore
 from specdec_edge.speculative.methods import Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, Stream, text_pieces
@@ -53,6 +55,7 @@ class Pipeline:
         options: dict | None = None,
         *,
         allow_inexact: bool = False,
+        history: HistoryStore | None = None,
     ):
         spec = get_method(method)
         k = spec.default_k if k is None else k
@@ -63,6 +66,7 @@ class Pipeline:
             raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
         self.tokenizer, self.engines, self.method, self.k = tokenizer, engines, method, k
         self.options, self.allow_inexact = dict(options or {}), allow_inexact
+        self.history = history  # earlier calls' text, for the methods that draft from it (None: off)
         self.exactness, self._decoder = _method_decoder(engines, spec, k, self.options, allow_inexact, tokenizer)
         if self.exactness.note:
             note = self.exactness.note
@@ -83,17 +87,20 @@ class Pipeline:
         cuda_graph: bool = False,
         chat_template: str | None = None,
         progress: Progress | None = None,
+        prompt_cache_mb: float | None = None,
+        history: bool = True,
+        history_mb: float = DEFAULT_HISTORY_MB,
         **options,
     ) -> Pipeline:
         """Load ``bundle``.
 
-        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, lookahead, eagle,
-        medusa, medusa-typical, pld-eagle, eagle3, pld-eagle3); default: the one the bundle records (`export
-        --default-method`), else "auto", which chooses every step among what the bundle can run by
+        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, history, lookahead,
+        eagle, medusa, medusa-typical, pld-eagle, eagle3, pld-eagle3); default: the one the bundle records
+        (`export --default-method`), else "auto", which chooses every step among what the bundle can run by
         the step costs measured on this device (once per bundle, provider, device and threads;
         ``speculative/auto.py``). ``k`` is the speculation length (the deepest proposal; default:
-        the method's, 6 for auto and 4 for the others). ``options`` are the method's options, checked against the
-        registry (e.g. pld: ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``,
+        the method's, 6 for auto, 8 for history and 4 for the others). ``options`` are the method's options,
+        checked against the registry (e.g. pld: ``max_ngram``, ``min_ngram``; lookahead: ``window``, ``ngram``,
         ``guesses``; eagle: ``topk``, ``nodes``, ``depth``; medusa: ``tree``; medusa-typical also
         ``epsilon``, ``delta``); head methods default to the tree settings the manifest records.
         "medusa-typical" is LOSSY when sampling (greedy stays exact).
@@ -117,6 +124,12 @@ class Pipeline:
         reads one from a file); a base model's bundle has none, and then takes plain text only.
         ``progress``: called with a line before and after what takes seconds on first use on a device
         (measuring its exactness verdict or step costs); default None, silent (the commands print them).
+        ``prompt_cache_mb``: host memory for snapshots of earlier contexts (default
+        ``prompt_cache.DEFAULT_MB``; 0: none), restored when a call shares more with one of them than with the
+        context the engines hold (``prompt_cache.py``; the ``cpu`` backend).
+        ``history``: keep the prompts and outputs of earlier calls (at most ``history_mb`` MiB, the oldest
+        dropped first) for the methods that draft from them (``auto``, ``history``;
+        ``speculative/history.py``); False keeps nothing. The output is the same either way, only faster.
         """
         root = Path(bundle)
         manifest = read_manifest(root)
@@ -124,11 +137,15 @@ class Pipeline:
         cpu = check_threads(threads, spinning)
         _check_method(method or default_method(manifest.default_method), manifest, root, options)
         gpu = GpuOptions(pad_to, cuda_graph)
-        engines = open_engines(root, manifest, provider=provider, cpu=cpu, gpu=gpu, progress=progress)
+        cache_mb = check_cache_mb(prompt_cache_mb)
+        engines = open_engines(
+            root, manifest, provider=provider, cpu=cpu, gpu=gpu, progress=progress, prompt_cache_mb=cache_mb
+        )
         if method is None:  # the default must run: plain where speculation would not be exact on this device
             method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
         tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, chat_template)
-        return cls(tokenizer, engines, method, k, options, allow_inexact=allow_inexact)
+        store = HistoryStore.of_mb(history_mb) if history else None
+        return cls(tokenizer, engines, method, k, options, allow_inexact=allow_inexact, history=store)
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
         """A pipeline over the same engines with another method (for comparisons); calls of both take turns;
@@ -136,7 +153,12 @@ class Pipeline:
         if self.closed:
             raise closed_error()
         allow = self.allow_inexact if allow_inexact is None else allow_inexact
-        return Pipeline(self.tokenizer, self.engines, method, k, options, allow_inexact=allow)
+        return Pipeline(self.tokenizer, self.engines, method, k, options, allow_inexact=allow, history=self.history)
+
+    def new_history(self) -> HistoryStore | None:
+        """An empty history store as large as this pipeline's (None when history is off): one per client
+        (the server keeps one per API key)."""
+        return None if self.history is None else HistoryStore(self.history.limit_bytes)
 
     # What tests and tools read of the engines and the method (None once closed).
     target = property(lambda self: self.engines.target)
@@ -147,6 +169,28 @@ class Pipeline:
     engine = property(lambda self: self._decoder.engine, doc="the engine the decode loop drives")
     proposer = property(lambda self: self._decoder.proposer)
     rule = property(lambda self: self._decoder.rule)
+    history_slot = property(lambda self: self._decoder.history_slot, doc="the store the running call drafts from")
+
+    def save_prefix(self, path: str | Path, prompt: str | list[dict]) -> Path:
+        """Compute the KV cache of ``prompt`` (text, or chat messages through the template: e.g. a long system
+        prompt) and write it to ``path`` (atomically), keyed by this bundle and the prompt's token ids, so that
+        ``load_prefix`` makes a later process start with it: a call whose prompt starts with it prefills only the
+        rest. Messages are rendered without the assistant's turn start, as they begin a longer conversation. The
+        cpu backend only (the cache must be host memory)."""
+        if self.closed:
+            raise closed_error()
+        ids = self.encode(prompt)  # the checks; messages again without the generation prompt
+        if not isinstance(prompt, str):
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=False)
+            ids = self.tokenizer.encode(text, add_special_tokens=False) or ids
+        return save_prefix(self.engines, self.engine, ids, path)
+
+    def load_prefix(self, path: str | Path) -> int:
+        """Load a ``save_prefix`` file into the engines (and the prompt cache); returns its token count. A file
+        saved for another bundle (or another export of this one), or damaged, is refused with a SpecdecError."""
+        if self.closed:
+            raise closed_error()
+        return load_prefix(self.engines, self.engine, path)
 
     def describe_exactness(self) -> str:
         """One line: what this device's exactness verdict lets run, and whether this method runs inexactly."""
@@ -199,6 +243,8 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        reuse: bool = True,
+        history: bool | HistoryStore = True,
     ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted.
 
@@ -206,6 +252,8 @@ class Pipeline:
         stops it and frees the engines at once; a stream that is dropped or read slowly never blocks
         other calls: after a short lease they take the engines, and the stream, if read again, goes on
         where it was (``specdec_edge/generation.py``).
+        ``reuse``: as for ``generate``. ``history``: True drafts from (and adds this call to) the pipeline's
+        history, a ``HistoryStore`` from (and to) that one, False from none.
         """
         if self.closed:
             raise closed_error()
@@ -221,7 +269,8 @@ class Pipeline:
                 "history), lower max_new_tokens, or re-export the bundle with a larger --capacity."
             )
         result = GenerationResult("", [], Stats(), None)
-        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats)
+        store = self._history_for(history)
+        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats, bool(reuse), store)
         return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
@@ -233,18 +282,33 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        reuse: bool = True,
+        history: bool | HistoryStore = True,
     ) -> GenerationResult:
         """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
 
         temperature 0 is greedy; the output equals the target's alone (greedy: the same
         tokens; sampling: the same distribution). Generation ends at eos, a ``stop``
-        string (not included in the text), or ``max_new_tokens``.
+        string (not included in the text), or ``max_new_tokens``. ``history``: as for ``stream``.
+
+        ``reuse`` (default): the engines keep the last call's context, and a prompt that starts with part of it
+        (the next turn of a chat, the same system prompt) rolls the caches back to the common prefix and prefills
+        only the rest (``stats.reused_tokens``); False prefills the whole prompt, as a first call does. Greedy
+        output with reuse equals plain decoding's with reuse; whether it also equals a fresh prefill's bit for bit
+        depends on the bundle (``info``: the verdict's ``reuse_matches_prefill``; docs/DESIGN.md).
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, reuse, history)
         with stream:
             for _ in stream:
                 pass
         return stream.result
+
+    def _history_for(self, history) -> HistoryStore | None:
+        if isinstance(history, HistoryStore):
+            return history
+        if isinstance(history, bool):
+            return self.history if history else None
+        raise SpecdecError(f"history={_short(history)} is invalid: use True, False or a HistoryStore.")
 
     def _text(self, generation: Generation, stops: list[str], result: GenerationResult) -> Iterator[str]:
         """The streamed text of one generation."""
@@ -276,11 +340,23 @@ def _method_decoder(engines: Engines, spec, k: int, options: dict, allow_inexact
     def costs(proposers):  # auto's step costs of this device (cached, else measured now)
         return engines.step_costs(engine, proposers)
 
-    proposer = spec.build(Resources(engine, engines.draft, engines.heads, trees=trees, costs=costs), proposer_options)
+    slot = HistorySlot()  # which history store the call running now drafts from (``generation.py`` sets it)
+    resources = Resources(engine, engines.draft, engines.heads, trees=trees, costs=costs, history=slot)
+    proposer = spec.build(resources, proposer_options)
     if proposer.branches:  # refused (naming the fixes) where trees are not exact
         decision = decide(verdict, dtype, speculative=True, branches=True, allow_inexact=allow_inexact)
     decoder = engines.decoder(engine, proposer, spec.acceptance(rule_options), k, tokenizer.eos_token_ids)
+    decoder.history_slot = slot
     return decision, decoder
+
+
+def check_cache_mb(value) -> float:
+    """``prompt_cache_mb`` checked: None is the default, else a number of megabytes >= 0."""
+    if value is None:
+        return DEFAULT_MB
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2**30:
+        raise SpecdecError(f"prompt_cache_mb={value!r} is invalid: use a number of megabytes >= 0 (0 turns it off).")
+    return float(value)
 
 
 def _content_chars(messages) -> int:

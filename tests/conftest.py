@@ -163,3 +163,15 @@ def eagle3_bundle(tmp_path_factory, tiny_llama_dir, trained_eagle3):
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-eagle3"
     return export_bundle(str(tiny_llama_dir), out, capacity=256, heads=(trained_eagle3,), progress=False)
+
+
+@pytest.fixture(scope="session")
+def wide_heads_bundle(tmp_path_factory):
+    """Attention heads 256 wide in the portable flavour (standard MatMuls): MLAS sums Q.K^T in one block of the
+    head size while a pass holds at most 128 keys here, and in blocks beyond: passes round differently there."""
+    from specdec_edge.export.exporter import export_bundle
+
+    model = make_model(tmp_path_factory.mktemp("models") / "wide-heads", "llama", layers=2, seed=0, hidden_size=256,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=256)  # fmt: skip
+    out = tmp_path_factory.mktemp("bundles") / "wide-heads"
+    return export_bundle(str(model), out, capacity=512, flavour="portable", progress=False)

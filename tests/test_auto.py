@@ -143,13 +143,18 @@ def heads_plain(heads_bundle):
 
 def test_auto_is_the_default_and_greedy_equals_plain_with_a_draft(tiny_bundle, plain):
     auto = Pipeline.load(tiny_bundle, threads=1)
-    assert auto.method == "auto" and {c.name for c in auto.proposer.candidates} == {"pld", "draft", "lookahead"}
+    assert auto.method == "auto" and {c.name for c in auto.proposer.candidates} == {
+        "pld",
+        "history",
+        "draft",
+        "lookahead",
+    }
     assert_greedy_equals_plain(plain, auto)
 
 
 def test_auto_greedy_equals_plain_with_heads(heads_bundle, heads_plain):
     auto = Pipeline.load(heads_bundle, threads=1)
-    assert {c.name for c in auto.proposer.candidates} == {"pld", "eagle", "medusa", "lookahead"}
+    assert {c.name for c in auto.proposer.candidates} == {"pld", "history", "eagle", "medusa", "lookahead"}
     assert_greedy_equals_plain(heads_plain, auto)
 
 
@@ -236,7 +241,7 @@ def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monke
     load(tiny_bundle, 2)  # other threads
     load(tiny_self_bundle, 1)  # another bundle
     assert sum("measuring" in line for line in lines) == 3
-    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "draft", "lookahead"))
+    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "history", "draft", "lookahead"))
     assert load_costs(key) is not None and cost_path(key).is_file()
     for changed in (
         CostKey(key.bundle, "cuda", key.device, key.threads, key.candidates),
@@ -316,7 +321,7 @@ def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, m
     cache = tmp_path / "cache"
     (cache / "costs").mkdir(parents=True)
     monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(cache))
-    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "draft", "lookahead"))
+    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "history", "draft", "lookahead"))
     cost_path(key).mkdir()  # a directory at the file's path
     lines = []
     pipe = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append)

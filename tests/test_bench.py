@@ -85,6 +85,22 @@ def test_bench_writes_reports_and_is_exact(tiny_bundle, prompts_file, tmp_path):
     assert out["png"].read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_reuse_keeps_the_first_turn_for_the_second(tiny_bundle, prompts_file, tmp_path):
+    out = tmp_path / "reuse.json"
+    args = bench_args(tiny_bundle, prompts_file, "--methods", "pld,draft", "--categories", "chat", "--json", out)
+    res = invoke(*args, "--reuse", "--md", tmp_path / "reuse.md")
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["meta"]["reuse"] is True and report["divergences"] == []
+    for method, rows in report["results"].items():
+        row = rows[OVERALL]
+        assert row["identical_output_rate"] == 1.0 and row["reused_tokens"] > 0, method  # turn 2 of prompt 2
+    assert "reused / prefilled tokens" in (tmp_path / "reuse.md").read_text()
+    res = invoke(*args)  # without --reuse every call prefills its whole prompt
+    assert res.exit_code == 0, res.output
+    assert all(rows[OVERALL]["reused_tokens"] == 0 for rows in json.loads(out.read_text())["results"].values())
+
+
 def test_method_without_requirements_is_skipped(tiny_llama_dir, tiny_bundle, prompts_file, tmp_path):
     from specdec_edge.export.exporter import export_bundle
 
@@ -137,7 +153,8 @@ def test_bench_shows_auto_choices_and_step_costs(tiny_bundle, prompts_file, tmp_
     report = json.loads(out.read_text())
     assert report["meta"]["k"] == {"auto": 6}
     by = report["results"]["auto"][OVERALL]["by_proposer"]
-    assert by and set(by) <= {"plain", "pld", "draft", "lookahead"}
+    # a merged tree is named by its parts ("pld+draft")
+    assert by and {part for name in by for part in name.split("+")} <= {"plain", "pld", "draft", "lookahead"}
     assert sum(p["steps"] for p in by.values()) * report["results"]["auto"][OVERALL]["mean_accepted_tokens"] > 0
     for p in by.values():
         assert sum(p["widths"].values()) == p["steps"]

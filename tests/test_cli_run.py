@@ -84,6 +84,17 @@ def test_chat_session(tiny_bundle):
     assert res.output.count("tokens per target pass") == 2
 
 
+def test_chat_reuses_the_conversation_between_turns(tiny_bundle):
+    turns = "hello\nand again\n/stats\n/exit\n"
+    res = invoke("chat", tiny_bundle, "--max-new-tokens", "6", input=turns)
+    assert res.exit_code == 0, res.output
+    assert res.output.count("prompt tokens reused") == 1  # the second turn's line, not the first's
+    assert '"reused_tokens": 0' not in res.output  # /stats: the last answer's
+    res = invoke("chat", tiny_bundle, "--max-new-tokens", "6", "--no-reuse", input=turns)
+    assert res.exit_code == 0, res.output
+    assert "prompt tokens reused" not in res.output and '"reused_tokens": 0' in res.output
+
+
 def test_chat_ends_on_eof_and_reports_overflow(tiny_bundle):
     res = invoke("chat", tiny_bundle, "--max-new-tokens", "200", input="hello\n" * 3)
     assert res.exit_code == 0, res.output

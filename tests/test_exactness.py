@@ -20,7 +20,6 @@ from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import cached_verdicts, device_verdict, measure, to_verdict
 from specdec_edge.speculative.loop import prefill
-from tests.tiny_models import make_model
 
 INVARIANT = Verdict(True, 2, True, 64)
 CHAINS_ONLY = Verdict(True, 2, False, 64)
@@ -174,18 +173,6 @@ def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
 
 
 # ---- key-count boundaries: a real graph whose passes round differently past a key count
-
-
-@pytest.fixture(scope="session")
-def wide_heads_bundle(tmp_path_factory):
-    """Attention heads 256 wide in the portable flavour (standard MatMuls): MLAS sums Q.K^T in one block of the
-    head size while a pass holds at most 128 keys here, and in blocks beyond: passes round differently there."""
-    from specdec_edge.export.exporter import export_bundle
-
-    model = make_model(tmp_path_factory.mktemp("models") / "wide-heads", "llama", layers=2, seed=0, hidden_size=256,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=256)  # fmt: skip
-    out = tmp_path_factory.mktemp("bundles") / "wide-heads"
-    return export_bundle(str(model), out, capacity=512, flavour="portable", progress=False)
 
 
 def test_boundaries_are_found_and_no_pass_straddles_them(wide_heads_bundle):

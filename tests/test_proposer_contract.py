@@ -16,6 +16,7 @@ import pytest
 from specdec_edge import Pipeline
 from specdec_edge.runtime.tree import depths, path_to
 from specdec_edge.sampling import SamplingParams
+from specdec_edge.speculative.history import HistoryStore
 from specdec_edge.speculative.loop import prefill, verify
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.proposal import Proposal
@@ -26,6 +27,7 @@ BUNDLE = {
     "auto": "heads_bundle",
     "draft": "tiny_bundle",
     "pld": "tiny_bundle",
+    "history": "tiny_bundle",
     "lookahead": "tiny_bundle",
     "eagle": "heads_bundle",
     "medusa": "heads_bundle",
@@ -89,6 +91,9 @@ def test_proposer_follows_the_contract(method, params, request):
     engine, proposer, vocab = pipe.engine, pipe.proposer, pipe.target.vocab_size
     rng = np.random.default_rng(7)
     context = pipe.encode("the quick brown fox jumps over the lazy dog the quick brown fox")
+    store = HistoryStore()  # an earlier call that saw this text, and more (read only here: both draft from it)
+    store.add(context + [int(t) for t in rng.integers(3, vocab, 40)])
+    pipe.history_slot.store = fresh.history_slot.store = store
     prefill(engine, context[:-1])
     proposer.prefill(context, params, np.random.default_rng(0))
     proposed = 0

@@ -34,7 +34,7 @@ def choices(command: str, option: str) -> list[str]:
 
 def test_cli_choices_come_from_the_registry():
     assert choices("generate", "method") == choices("chat", "method") == list(METHODS)
-    assert set(choices("demo", "method")) == {"auto", "pld", "lookahead", "eagle", "pld-eagle"}
+    assert set(choices("demo", "method")) == {"auto", "pld", "history", "lookahead", "eagle", "pld-eagle"}
     assert check_methods(list(METHODS)) == list(METHODS)  # bench takes every method, plain first
     help_text = CliRunner().invoke(main, ["generate", "-h"]).output
     for name in METHODS:
@@ -55,6 +55,7 @@ def test_records_are_consistent():
         "auto",
         "draft",
         "pld",
+        "history",
         "lookahead",
         "eagle",
         "medusa",
@@ -87,12 +88,13 @@ def test_records_are_consistent():
 
 
 def test_requirements_and_defaults():
-    assert available_methods(False, []) == ["plain", "auto", "pld", "lookahead"]
+    assert available_methods(False, []) == ["plain", "auto", "pld", "history", "lookahead"]
     assert available_methods(True, ["eagle"]) == [
         "plain",
         "auto",
         "draft",
         "pld",
+        "history",
         "lookahead",
         "eagle",
         "pld-eagle",
@@ -101,7 +103,15 @@ def test_requirements_and_defaults():
     assert "train-draft --method medusa" in METHODS["medusa-typical"].missing(True, ["eagle"])
     # What a bundle runs when no method is asked for: one it can run, exactly; a recorded default wins.
     assert default_method() == "auto" and default_method("pld") == "pld"  # export --default-method
-    assert available_methods(False, ["eagle3"]) == ["plain", "auto", "pld", "lookahead", "eagle3", "pld-eagle3"]
+    assert available_methods(False, ["eagle3"]) == [
+        "plain",
+        "auto",
+        "pld",
+        "history",
+        "lookahead",
+        "eagle3",
+        "pld-eagle3",
+    ]
     assert "train-draft --method eagle3" in METHODS["pld-eagle3"].missing(False, ["eagle"])
     with pytest.raises(SpecdecError, match="unknown method 'jacobi'; choose one of plain, auto, draft"):
         get_method("jacobi")
@@ -155,7 +165,7 @@ def test_pipeline_reads_the_registry(tiny_bundle):
 
 def test_info_lists_the_methods_a_bundle_can_run(tiny_bundle):
     res = CliRunner().invoke(main, ["info", str(tiny_bundle)])
-    assert res.exit_code == 0 and "methods: plain, auto, draft, pld, lookahead" in res.output
+    assert res.exit_code == 0 and "methods: plain, auto, draft, pld, history, lookahead" in res.output
 
 
 def test_head_recipes_match_the_registry():

@@ -245,6 +245,19 @@ def test_models_health_and_metrics(served):
     assert after["specdec_queue_depth"] == 0
 
 
+def test_a_repeated_prompt_reuses_the_kv_prefix_and_metrics_count_it(served):
+    body = {"model": served.model, "messages": chat("The quick brown fox jumps over the lazy dog"), "max_tokens": 4}
+    before = served.metrics()
+    first = served.post("/v1/chat/completions", body).json()["specdec_edge"]
+    again = served.post("/v1/chat/completions", body).json()["specdec_edge"]
+    after = served.metrics()
+    prompt = first["reused_prompt_tokens"] + first["prefilled_prompt_tokens"]
+    assert again["prefilled_prompt_tokens"] == 0 and again["reused_prompt_tokens"] == prompt > 0
+    reused = after["specdec_reused_prompt_tokens_total"] - before.get("specdec_reused_prompt_tokens_total", 0)
+    prefilled = after["specdec_prefilled_prompt_tokens_total"] - before.get("specdec_prefilled_prompt_tokens_total", 0)
+    assert (reused, prefilled) == (first["reused_prompt_tokens"] + prompt, first["prefilled_prompt_tokens"])
+
+
 def test_api_key(served):
     body = {"model": served.model, "prompt": "hi", "max_tokens": 2}
     for key in (None, "wrong-key"):
@@ -477,3 +490,34 @@ def test_load_eight_clients(served):
     assert answered[0] == 200 and busy[0] > 0  # 8 clients against 1 running + 4 waiting: some were refused
     assert rss[200] < 1.05 * rss[100], rss
     print(f"load: 200 answers, {busy[0]} refusals (429); server RSS {rss[100] / 1e6:.1f} -> {rss[200] / 1e6:.1f} MB")
+
+
+def test_each_api_key_has_its_own_history(tiny_bundle, tmp_path):
+    """Two keys, method history: a prompt that key A sent before is drafted from A's history (its answer is
+    accepted from it), while key B, sending the same prompt for the first time, gets no draft from A's; the
+    answers are the same. B's own repeat then drafts from B's history."""
+    other = "second-key-456"
+    server = Served(
+        Path(tiny_bundle), tmp_path / "keys.log", "--method", "history", "--api-key", KEY, "--api-key", other
+    )
+    try:
+        clients = {key: openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) for key in (KEY, other)}
+        prompt = "The quick brown fox jumps over the lazy dog"
+
+        def history_accepted(key):
+            text, _, _, stats = ask(
+                clients[key], server.model, prompt, kind="completion", stream=False, max_tokens=24, temperature=0
+            )
+            return text, stats["by_proposer"].get("history", {}).get("draft_tokens_accepted", 0)
+
+        first, none = history_accepted(KEY)
+        again, from_a = history_accepted(KEY)
+        b_first, from_b = history_accepted(other)
+        b_again, from_b_own = history_accepted(other)
+        assert none == 0 and from_a > 10, (none, from_a)
+        assert from_b == 0, "key B's call drafted from key A's history"
+        assert from_b_own > 10
+        assert first == again == b_first == b_again
+        assert "for each of the 2 API keys" in server.log.read_text()
+    finally:
+        server.stop()

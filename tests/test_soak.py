@@ -28,7 +28,7 @@ def test_soak_100_calls_8_threads(tiny_bundle):
     assert report["finished"] == 100 and not report["hangs"], report["hangs"]
     assert not report["unexpected_errors"], report["unexpected_errors"]
     assert report["expected_errors"] == report["kinds"]["bad"] == 2
-    assert set(report["methods"]) == {"auto", "plain", "draft", "pld", "lookahead"}
+    assert set(report["methods"]) == {"auto", "plain", "draft", "pld", "history", "lookahead"}
     streams = sum(n for kind, n in report["kinds"].items() if kind not in ("generate", "bad"))
     cut = report["kinds"]["dropped"] + report["kinds"]["cancelled"] + report["kinds"]["cancelled-elsewhere"]
     assert cut == streams // 4 and report["cancelled"] >= 1

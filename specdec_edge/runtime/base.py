@@ -10,6 +10,10 @@ cache's valid length lives on the host, in the engine:
 * ``commit(n, path)`` keeps tree nodes ``path`` instead: their K/V move to consecutive slots
   (compaction after tree verification, ``_compact``).
 * ``rollback(length)`` forgets slots from ``length`` on; ``reset()`` forgets all of them.
+* ``held`` lists the token ids of the committed slots (recorded by ``commit`` from the last ``run``'s ids), kept
+  across calls: ``reusable(tokens)`` is how many leading ``tokens`` the cache holds already, so a new call rolls
+  back to that common prefix (O(1): nothing is copied) and computes only the rest. ``None`` while unknown
+  (slots committed other than from a run, or written directly): nothing is reused until the next ``reset``.
 
 Shapes below: S new tokens of one pass, N kept logits rows, V vocabulary, H hidden size.
 """
@@ -50,6 +54,15 @@ class GpuOptions:
 
 
 DEFAULT_GPU = GpuOptions()
+
+
+def common_prefix(a, b) -> int:
+    """How many leading items two token sequences share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if len(diff) else n
 
 
 def physical_memory() -> int | None:
@@ -162,6 +175,9 @@ class Engine(ABC):
     min_width: int = 1
     boundaries: tuple = ()
     max_width: int | None = None  # the widest verify pass measured exact (wider proposals are cut to it)
+    # The token ids of slots 0..length-1 (see the module docstring), or None: unknown until the next reset.
+    held: list | None = None
+    _ran: tuple | None = None  # (length, ids) of the last run: what a commit keeps
 
     @abstractmethod
     def run(
@@ -205,20 +221,74 @@ class Engine(ABC):
 
     def reset(self) -> None:
         self.length = 0
+        self.held, self._ran = [], None
 
     def commit(self, n: int, path: np.ndarray | None = None) -> None:
         """Keep n of the tokens from the last ``run``: the first n, or tree nodes ``path[:n]`` (indices into it)."""
+        rows = self._kept_ids(n, path)
         if path is not None:
             path = np.asarray(path, dtype=np.int64)[:n]
             if not np.array_equal(path, np.arange(n)):
                 self._compact(path)
         self.length += n
+        self._hold(rows)
+
+    def _kept_ids(self, n: int, path) -> list | None:
+        """The ids a commit of n rows (``path``) keeps from the last run, or None when it kept no run's rows."""
+        ran, self._ran = self._ran, None
+        if n == 0:
+            return []
+        if ran is None or ran[0] != self.length or self.held is None or len(self.held) != self.length:
+            return None
+        ids = ran[1]
+        return (ids[:n] if path is None else ids[np.asarray(path, dtype=np.int64)[:n]]).tolist()
+
+    def _hold(self, rows: list | None) -> None:
+        if rows is None:
+            self.held = None
+        elif self.held is not None:
+            self.held.extend(rows)
 
     def rollback(self, length: int) -> None:
         """Forget every cache slot from ``length`` on (nothing is copied)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"rollback to {length} outside 0..{self.length}")
         self.length = length
+        if self.held is not None:
+            del self.held[length:]
+
+    @property
+    def can_snapshot(self) -> bool:
+        """Whether ``snapshot``/``restore`` work here: the cache is host memory (the ``cpu`` backend)."""
+        return isinstance(getattr(self, "cache", None), np.ndarray)
+
+    def snapshot(self) -> np.ndarray:
+        """A host copy of the committed slots' K/V: [layers, 2, 1, kv_heads, length, head_dim] (``held`` names them)."""
+        if not self.can_snapshot:
+            raise SpecdecError(f"{type(self).__name__} keeps its KV cache in device memory: it takes no snapshots.")
+        return self.cache[..., : self.length, :].copy()
+
+    def restore(self, kv: np.ndarray, tokens, start: int = 0) -> None:
+        """Make the cache hold ``tokens`` (n of them) from ``kv`` (a ``snapshot`` of them, or a longer one), copying
+        slots ``start``..n-1 only (the first ``start`` must hold ``tokens[:start]`` already, see ``reusable``)."""
+        n = len(tokens)
+        cache = self.cache if self.can_snapshot else None
+        want = None if cache is None else (*cache.shape[:4], cache.shape[-1])
+        if cache is None or kv.dtype != cache.dtype or (*kv.shape[:4], kv.shape[-1]) != want or kv.shape[4] < n:
+            raise SpecdecError(
+                f"a KV snapshot of shape {kv.shape} ({kv.dtype}) does not fit this {type(self).__name__}'s cache "
+                f"({'device memory' if cache is None else f'{want} {cache.dtype}'}); it was made for another graph."
+            )
+        if n > self.capacity or not 0 <= start <= min(n, self.length):
+            raise SpecdecError(f"cannot restore {n} slots after {start} into a cache of {self.capacity}.")
+        cache[..., start:n, :] = kv[..., start:n, :]
+        self.length, self._ran = n, None
+        self.held = [int(t) for t in tokens]
+
+    def reusable(self, tokens) -> int:
+        """How many leading ``tokens`` the committed slots hold now (``held``): a call after them may roll back
+        to that many and compute only the rest."""
+        return 0 if self.held is None else common_prefix(self.held[: self.length], tokens)
 
     def step_inputs(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepInputs:
         """Check capacity and fill in the defaults: positions after the cache, a causal bias, all logits."""
@@ -232,9 +302,23 @@ class Engine(ABC):
         if position_ids is None:
             position_ids = np.arange(past, past + seq, dtype=np.int64)
         bias = causal_bias(past, seq) if attention_bias is None else attention_bias
+        self._ran = (past, ids[0])
         return StepInputs(
             ids,
             np.ascontiguousarray(np.asarray(position_ids, dtype=np.int64).reshape(1, seq)),
             np.ascontiguousarray(bias, dtype=np.float32),
             seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq)),
         )
+
+
+def prefill(engine: Engine, tokens, chunk: int = PREFILL_CHUNK, kept: int = 0) -> None:
+    """Commit ``tokens`` to ``engine``'s cache, ``chunk`` tokens per pass, after its first ``kept`` slots (0: reset
+    it first; else it rolls back to them: they must hold ``tokens[:kept]``, see ``Engine.reusable``)."""
+    if kept:
+        engine.rollback(kept)
+    else:
+        engine.reset()
+    for start in range(kept, len(tokens), chunk):
+        piece = tokens[start : start + chunk]
+        engine.run(piece, logits_to_keep=1)  # the logits are not used; keep the LM head work minimal
+        engine.commit(len(piece))

@@ -15,7 +15,12 @@ decoding gives it. Kernels pick another code path (and rounding) for another pas
   candidates (powers of two, the sliding window) with one token's row, and the decode loop then cuts
   any proposal whose pass would straddle one (``Engine.max_rows``), so every row keeps plain
   decoding's rounding;
-* fused attention rounds a tree row slightly differently from its branch run as a chain.
+* fused attention rounds a tree row slightly differently from its branch run as a chain;
+* a call that reuses the cache of an earlier one (``decode(reuse=True)``) keeps K/V that decode passes wrote (an
+  answer's, at widths 1..k+1) and prefills the rest from where the common prefix ends, while a fresh call
+  prefills the whole context in chunks of ``PREFILL_CHUNK``: ``reuse_matches_prefill`` says whether the two give
+  the same bits (``_reuse_rows_match``). Where they do not, output with reuse equals plain decoding's with reuse,
+  but may differ from a fresh call's at a near-tie (counted as today).
 
 ``measure`` compares, bit for bit, the logits rows of tokens computed in passes of every width up to
 ``MAX_WIDTH`` (chains) and in token trees against the pass plain decoding uses, at short contexts and
@@ -39,18 +44,19 @@ from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import manifest_digest as bundle_digest
 from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress, report
-from specdec_edge.runtime.base import Engine
+from specdec_edge.runtime.base import PREFILL_CHUNK, Engine, prefill
 from specdec_edge.runtime.device import device_key
 from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
 
-VERDICT_FORMAT = 1  # bumped when what is measured changes: cached verdicts of other formats are measured again
+VERDICT_FORMAT = 2  # bumped when what is measured changes: cached verdicts of other formats are measured again
 CHAIN_WIDTHS = (1, 2, 3, 4, 5, 8, 12, 16, 32, 64)  # the widest is what a verify pass may have (MAX_VERIFY)
 CONTEXTS = (7, 40)
 CANDIDATES = (16, 32, 64, 128, 256, 512, 1024)  # key counts where kernels may change their blocking
 NEAR_WIDTHS = (3, 8, 16)  # the widths checked across the candidates and boundaries
 FULL_SWEEP = 320  # every key count up to this is swept (kernels block by 16..128 there)
 MAX_BOUNDARIES = 16  # more than this is no blocking pattern: such a graph is not batch invariant
+DECODED_FROM = 8  # the reuse check's decode passes write every slot from here on (an answer crossing every key count)
 SPAN = 24  # one sweep covers the key counts q+2 .. q+SPAN+1 after q slots
 # A tree over the pending token: three children, two grandchildren under the first child (parents, topological).
 TREE = [-1, 0, 0, 0, 1, 1]
@@ -137,6 +143,49 @@ def _tree_rows_match(probe: _Probe, past: int, parents: list[int]) -> tuple[bool
         ok &= bool(np.array_equal(rows[node], chain))
         worst = max(worst, float(np.abs(rows[node] - chain).max()))
     return ok, worst
+
+
+def _reuse_rows_match(probe: _Probe, widths=(1, 2, 3, 5, 4, 8)) -> tuple[bool, float]:
+    """A context whose slots from ``DECODED_FROM`` on decode passes wrote (chains of ``widths`` rows, cut as the loop
+    cuts them: across every key count and boundary up to past the first prefill chunk), and one whose last two
+    thirds were prefilled after a reused prefix, against a fresh chunked prefill of the same tokens: the K/V of every
+    slot where the cache is host memory, and the next token's row."""
+    engine = probe.engine
+    n = min(PREFILL_CHUNK + 48, engine.capacity - max(widths) - 2)
+    if n <= DECODED_FROM:
+        return True, 0.0
+    context = probe.tokens(n + 1)
+
+    def fresh(kept: int = 0):
+        prefill(engine, context[:n], kept=kept)
+        return _state(probe, n, int(context[n]))
+
+    want = fresh()
+    states = [fresh(n // 3)]  # the rest prefilled after a reused prefix
+    prefill(engine, context[:DECODED_FROM])  # the rest written by decode passes
+    i = 0
+    while engine.length < n:
+        width = min(widths[i % len(widths)], n - engine.length, engine.max_rows() or n)
+        engine.run(context[engine.length : engine.length + width])
+        engine.commit(width)
+        i += 1
+    states.append(_state(probe, n, int(context[n])))
+    ok, worst = True, 0.0
+    for got in states:
+        for a, b in zip(got, want):
+            ok &= bool(np.array_equal(a, b))
+            worst = max(worst, float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max()))
+    engine.reset()
+    return ok, worst
+
+
+def _state(probe: _Probe, n: int, token: int) -> list[np.ndarray]:
+    """What a cache of ``n`` slots holds: its K/V (host caches) and the row plain decoding computes after it."""
+    engine = probe.engine
+    kv = [engine.cache[..., :n, :].copy()] if _host_cache(engine) else []
+    row = probe.canonical(n, token)
+    engine.rollback(n)
+    return [*kv, row]
 
 
 def _random_tree(rng: np.random.Generator, nodes: int) -> list[int]:
@@ -253,6 +302,8 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
             ok, worst = _tree_rows_match(probe, past, parents[:limit])
             tree_ok &= ok
             worst_tree = max(worst_tree, worst)
+    # 3. a reused cache (decode passes' K/V, a prefill after the reused prefix) against a fresh prefill
+    reuse_ok, worst_reuse = _reuse_rows_match(probe)
     engine.reset()
     return {
         "batch_invariant": max_width >= 2,
@@ -266,6 +317,8 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
         "single_row_max_abs_diff": worst_single,
         "multi_row_max_abs_diff": worst_multi,
         "tree_max_abs_diff": worst_tree,
+        "reuse_matches_prefill": reuse_ok,
+        "reuse_max_abs_diff": worst_reuse,
         "contexts": sorted(cases),
         "widths": widths,
         "rows_compared": probe.rows,

@@ -22,6 +22,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -57,24 +58,39 @@ class Server:
 
     pipe: object  # specdec_edge.Pipeline
     model: str
-    api_key: str | None
+    api_keys: tuple[str, ...]  # empty: no key needed (then every request is one client)
     timeout_s: float
     max_body_bytes: int
     worker: Worker
     metrics: Metrics
     created: int = field(default_factory=lambda: int(time.time()))
+    # One history store per client (API key), never shared: a shared one would let a client time whether
+    # another sent a text (docs/SERVING.md). Made on a client's first request.
+    histories: dict = field(default_factory=dict)
 
-    def authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
+    def authorize(self, request: Request) -> int:
+        """The client (the index of its API key; 0 when the server needs none), or a 401."""
+        if not self.api_keys:
+            return 0
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        given = token.strip().encode()
+        # every key compared, so the time taken does not tell which one matched
+        matches = [hmac.compare_digest(given, key.encode()) for key in self.api_keys]
+        if scheme.lower() != "bearer" or not any(matches):
             raise APIError(
                 401,
-                "missing or wrong API key: send the header 'Authorization: Bearer KEY' with the key the server "
+                "missing or wrong API key: send the header 'Authorization: Bearer KEY' with a key the server "
                 "was started with (--api-key).",
                 code="invalid_api_key",
             )
+        return matches.index(True)
+
+    def history(self, client: int):
+        """The client's own history store (False when the server keeps none: history off)."""
+        if client not in self.histories:
+            self.histories[client] = self.pipe.new_history()
+        store = self.histories[client]
+        return False if store is None else store
 
     def budget(self, request: CompletionRequest) -> tuple[int, int]:
         """(prompt tokens, max new tokens) of a request, checked against the KV cache capacity.
@@ -187,12 +203,12 @@ async def watch_disconnect(request: Request, job: Job, events: Events) -> None:
 async def complete(request: Request, kind: str) -> Response:
     srv = _server(request)
     deadline = time.monotonic() + srv.timeout_s
-    srv.authorize(request)
+    client = srv.authorize(request)
     body = await read_json(request, srv.max_body_bytes)
     req = parse_request(body, kind, srv.model, srv.pipe.capacity)
     prompt_tokens, max_tokens = await run_in_threadpool(srv.budget, req)
     events = Events(deadline, srv.timeout_s)
-    job = Job(req.prompt, req.options(max_tokens), events.notify)
+    job = Job(req.prompt, {**req.options(max_tokens), "history": srv.history(client)}, events.notify)
     try:
         srv.worker.submit(job)
     except QueueFull as full:
@@ -341,19 +357,22 @@ def create_app(
     pipe,
     *,
     model: str,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     max_queue: int = 16,
     timeout_s: float = 600.0,
     max_body_bytes: int = 1 << 20,
+    reuse: bool = True,
 ) -> Starlette:
     """An app serving ``pipe`` (a loaded ``Pipeline``) as ``model``.
 
-    ``api_key``: required as a Bearer token on every route but /health. ``max_queue``: requests that
+    ``api_key``: required as a Bearer token on every route but /health; several keys are several clients,
+    each with its own history store (``Pipeline.new_history``). ``max_queue``: requests that
     may wait while one runs (more get 429). ``timeout_s``: a request's whole time, queue included.
-    ``max_body_bytes``: larger request bodies get 413.
+    ``max_body_bytes``: larger request bodies get 413. ``reuse``: a request keeps the KV prefix it shares with
+    the previous one (the same system prompt, the next turn of a conversation) instead of prefilling it again.
     """
     metrics_ = Metrics()
-    worker = Worker(pipe, max_queue, metrics_.observe)
+    worker = Worker(pipe, max_queue, metrics_.observe, reuse)
     metrics_.watch_queue(lambda: worker.depth)
 
     @contextlib.asynccontextmanager
@@ -378,5 +397,6 @@ def create_app(
         middleware=[Middleware(CountRequests, metrics=metrics_)],
         lifespan=lifespan,
     )
-    app.state.server = Server(pipe, model, api_key, timeout_s, max_body_bytes, worker, metrics_)
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    app.state.server = Server(pipe, model, keys, timeout_s, max_body_bytes, worker, metrics_)
     return app

@@ -30,6 +30,12 @@ class Metrics:
             registry=r,
         )
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of the generations run", registry=r)
+        self.reused_tokens = Counter(
+            "specdec_reused_prompt_tokens", "Prompt tokens whose KV cache was kept from earlier calls", registry=r
+        )
+        self.prefilled_tokens = Counter(
+            "specdec_prefilled_prompt_tokens", "Prompt tokens prefilled (computed, not reused)", registry=r
+        )
         self.completion_tokens = Counter("specdec_completion_tokens", "Tokens generated", registry=r)
         self.target_passes = Counter("specdec_target_passes", "Target verification passes", registry=r)
         self.proposed = Counter("specdec_draft_tokens_proposed", "Draft tokens verified", registry=r)
@@ -59,6 +65,8 @@ class Metrics:
         s = result.stats
         self.generations.labels(result.finish_reason or "cancelled").inc()
         self.prompt_tokens.inc(s.prompt_tokens)
+        self.reused_tokens.inc(s.reused_tokens)
+        self.prefilled_tokens.inc(s.prefilled_tokens)
         self.completion_tokens.inc(completion_tokens(result))
         self.target_passes.inc(s.steps)
         self.proposed.inc(s.proposed)

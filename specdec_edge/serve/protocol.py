@@ -280,6 +280,9 @@ def speculative_stats(result, method: str) -> dict:
         "draft_tokens_accepted": s.accepted,
         "tokens_per_second": round(s.tokens_per_s, 2),
         "prefill_seconds": round(s.prefill_s, 4),
+        # prompt tokens whose KV cache was kept from the previous request, and those computed
+        "reused_prompt_tokens": s.reused_tokens,
+        "prefilled_prompt_tokens": s.prefilled_tokens,
         # which proposers ran (several for auto and pld-eagle), and how well each did
         "by_proposer": {
             name: {

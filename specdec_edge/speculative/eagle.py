@@ -11,6 +11,10 @@ onnxruntime only.
 EAGLE-3 (``Eagle3Proposer``) differs only in what a slot reads: committed slots the target's
 layer features (``tap.layer_features``, fused inside the head graph), tree nodes their parent's
 output, as EAGLE's tree nodes read their parent's predicted feature.
+
+A call that reuses the caches keeps the head slots that read only what the target kept: slot i needs the feature
+of token i and the tokens up to i+1 (``fed`` records them), so ``prefill`` keeps the slots below both the
+target's kept prefix and the prefix ``fed`` shares with the new prompt, and the first step feeds the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import causal_bias
+from specdec_edge.runtime.base import causal_bias, common_prefix
 from specdec_edge.runtime.tree import path_to
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
@@ -50,9 +54,14 @@ class EagleProposer(Proposer):
         self.keys = np.zeros((1, capacity, c["num_kv_heads"], c["head_dim"]), dtype=np.float32)  # BSNH
         self.values = np.zeros_like(self.keys)
         self.length = 0  # head slots 0..length-1 hold (f[i], context[i+1]) with true features
+        self.fed: list[int] = []  # context[:length+1]: the tokens those slots read (empty while length is 0)
 
-    def prefill(self, prompt, params, rng) -> None:
-        self.length = 0
+    def prefill(self, prompt, params, rng, kept=None) -> None:
+        if kept is None:
+            self.length = 0
+        else:
+            self.length = max(min(self.length, kept, common_prefix(self.fed, prompt) - 1), 0)
+        del self.fed[self.length + 1 if self.length else 0 :]
 
     def _committed(self, start: int, stop: int) -> dict:
         """Head graph inputs of committed slots start..stop-1: the target's features of those tokens."""
@@ -92,6 +101,7 @@ class EagleProposer(Proposer):
             [n - 2 - start],
         )
         self.length = n - 1
+        self.fed.extend(int(t) for t in context[len(self.fed) : n])
         # 2. Grow the tree: node = (token, parent, score, depth, input feature); expanded nodes get a slot.
         tokens, parents, scores, depths, feats = [], [], [], [], []
 

@@ -5,6 +5,11 @@
 target's final-norm hidden state of ``context[i]`` for every ``i < tap.length``; where the graph
 has feature layers (EAGLE-3), ``tap.layer_features[i]`` likewise holds the residual streams entering
 them. The pending token has no feature yet. The decode loop drives the tap like any engine.
+
+Features stay valid across calls as the cache does: the tap keeps its own ``held`` (the ids of the slots whose
+features it wrote), so a new call reuses the prefix that both the engine and the tap hold (``reusable``); another
+pipeline over the same engine (``with_method``) has a tap of its own, and committed slots there have no feature
+here.
 """
 
 from __future__ import annotations
@@ -39,6 +44,28 @@ class FeatureTap(Engine):
 
     def reset(self) -> None:
         self.engine.reset()
+        self.held, self._ran = [], None
+
+    def snapshot_features(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Host copies of the committed slots' features (and layer features, where the graph has them)."""
+        layers = None if self.layer_features is None else self.layer_features[: self.length].copy()
+        return self.features[: self.length].copy(), layers
+
+    def restore_features(self, features: np.ndarray, layers: np.ndarray | None, tokens, start: int = 0) -> None:
+        """After the engine's ``restore`` of ``tokens``: their features from a snapshot, slots ``start`` on."""
+        n = len(tokens)
+        if n != self.length or features.shape[0] < n or features.shape[1:] != self.features.shape[1:]:
+            raise SpecdecError(f"features of shape {features.shape} do not fit this target's ({n} slots).")
+        self.features[start:n] = features[start:n]
+        if self.layer_features is not None:
+            if layers is None or layers.shape[1:] != self.layer_features.shape[1:]:
+                raise SpecdecError("this target's layer features are not in the snapshot.")
+            self.layer_features[start:n] = layers[start:n]
+        self.held, self._ran = [int(t) for t in tokens], None
+
+    def reusable(self, tokens) -> int:
+        """The leading ``tokens`` whose K/V the engine holds and whose features this tap holds."""
+        return min(super().reusable(tokens), self.engine.reusable(tokens))
 
     def max_rows(self, past: int | None = None) -> int | None:
         return self.engine.max_rows(past)
@@ -50,19 +77,26 @@ class FeatureTap(Engine):
 
     def rollback(self, length: int) -> None:
         self.engine.rollback(length)
+        if self.held is not None:
+            del self.held[length:]
 
     def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepOutput:
         out = self.engine.run(input_ids, position_ids, attention_bias, logits_to_keep)
         self._hidden, self._layers = out.hidden_states, out.layer_features  # valid until the next run
+        self._ran = (self.engine.length, np.asarray(input_ids, dtype=np.int64).reshape(-1))
         return out
 
     def commit(self, n: int, path=None) -> None:
+        if self.held is not None and len(self.held) > self.length:  # the engine was rolled back by another tap
+            del self.held[self.length :]
+        ids = self._kept_ids(n, path)
         rows = np.arange(n) if path is None else np.asarray(path, dtype=np.int64)[:n]
         start = self.engine.length
         self.features[start : start + n] = self._hidden[rows]
         if self.layer_features is not None:
             self.layer_features[start : start + n] = self._layers[rows]
         self.engine.commit(n, path)
+        self._hold(ids)
 
     def _compact(self, path: np.ndarray) -> None:  # the wrapped engine compacts in its own commit
         raise NotImplementedError

@@ -12,6 +12,10 @@ Each step the target sees, after the pending token, one token tree made of two p
 After the pass, the target's greedy outputs at the top level become the window's next level
 (one Jacobi iteration), and each column yields an n-gram for the pool. Acceptance is the
 loop's exact tree rule, so the output is the target's.
+
+A call that reuses the caches (``prefill``'s ``kept``) keeps the pool: the n-grams of the prompt prefix it
+remembered last time are there already (with what earlier calls' windows found), so only those of the new
+part of the prompt are added.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import common_prefix
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
@@ -35,17 +40,23 @@ class LookaheadProposer(Proposer):
         self.prompt_ngrams = prompt_ngrams
         self.seed = seed
         self.pool: dict[int, list[tuple]] = {}
+        self.remembered: list[int] = []  # the prompt whose n-grams went into the pool
         self.levels = np.zeros((ngram - 1, window), dtype=np.int64)
         self._window_nodes: np.ndarray | None = None  # proposal node index of each window token
         self._last: Proposal | None = None
         self.pool_nodes = 0
 
-    def prefill(self, prompt, params, rng) -> None:
+    def prefill(self, prompt, params, rng, kept=None) -> None:
         prompt = np.asarray(prompt, dtype=np.int64)
-        self.pool = {}
+        start = 0
+        if kept is None:
+            self.pool = {}
+        else:  # n-grams that end inside the prefix remembered last time are in the pool already
+            start = max(common_prefix(self.remembered, prompt) - self.ngram + 1, 0)
         if self.prompt_ngrams:
-            for i in range(len(prompt) - self.ngram + 1):
+            for i in range(start, len(prompt) - self.ngram + 1):
                 self._remember(prompt[i : i + self.ngram])
+        self.remembered = prompt.tolist()
         # Initial guesses: tokens drawn from the prompt (own generator: sampling's stream is untouched).
         self.levels = np.random.default_rng(self.seed).choice(prompt, size=self.levels.shape)
 

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import common_prefix
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
 
@@ -22,6 +23,13 @@ def lookup(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -
 
 def lookup_match(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[np.ndarray, int]:
     """``lookup``'s tokens and the length n of the n-gram they follow (0: no match)."""
+    start, n = find_match(tokens, max_ngram, min_ngram)
+    return tokens[start : start + k], n
+
+
+def find_match(tokens: np.ndarray, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, int]:
+    """Where ``lookup``'s continuation starts in ``tokens`` and the length n of the n-gram it follows
+    (``(len(tokens), 0)``: no match)."""
     length = len(tokens)
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         pattern = tokens[length - n :]
@@ -29,9 +37,18 @@ def lookup_match(tokens: np.ndarray, k: int, max_ngram: int = 3, min_ngram: int 
         windows = sliding_window_view(tokens[: length - 1], n)
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if len(hits):
-            start = hits[-1] + n
-            return tokens[start : start + k], n
-    return tokens[:0], 0
+            return int(hits[-1] + n), n
+    return length, 0
+
+
+def match_length(tokens: np.ndarray, start: int, most: int) -> int:
+    """How many tokens before ``start`` equal the last ones of ``tokens`` (at most ``most``): the whole length
+    of the match whose continuation starts at ``start``."""
+    most = min(most, start)
+    if most <= 0:
+        return 0
+    same = tokens[start - most : start][::-1] == tokens[len(tokens) - most :][::-1]
+    return most if same.all() else int(np.argmin(same))
 
 
 class PromptLookupProposer(Proposer):
@@ -47,10 +64,13 @@ class PromptLookupProposer(Proposer):
         self.length = 0
         self.matched = 0  # the n-gram length behind the last proposal (0: none); auto keys its statistics by it
 
-    def prefill(self, prompt, params, rng) -> None:
-        self.buf = np.zeros(max(1024, 2 * len(prompt)), dtype=np.int64)
-        self.length = 0
-        self._extend(prompt)
+    def prefill(self, prompt, params, rng, kept=None) -> None:
+        if kept is None:
+            self.buf = np.zeros(max(1024, 2 * len(prompt)), dtype=np.int64)
+            self.length = 0
+        else:  # the index is the context itself: keep the prefix the buffer shares with this prompt
+            self.length = common_prefix(self.buf[: self.length], prompt)
+        self._extend(prompt[self.length :])
 
     def _extend(self, tokens) -> None:
         need = self.length + len(tokens)

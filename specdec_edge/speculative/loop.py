@@ -6,6 +6,10 @@ so speed comparisons are fair. State invariant between steps:
 * ``context`` = prompt + every emitted token; its last token is *pending*;
 * the target cache holds exactly ``context[:-1]`` (``target.length == len(context) - 1``).
 
+With ``reuse``, the caches keep what the last call left (``Engine.held``): a call whose context shares a prefix
+with it rolls the target back to that prefix (O(1)) and prefills only the rest, and each proposer keeps its own
+state for what it can (``Proposer.prefill``'s ``kept``). ``Stats.reused_tokens`` counts the slots kept.
+
 A step verifies ``[pending] + draft_tokens`` in one target pass (logits row i predicts the
 token after input i), accepts ``n`` draft tokens plus the target's own next token, commits
 the ``n + 1`` inputs whose K/V are now right (rejected slots are overwritten later: rollback
@@ -17,13 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import PREFILL_CHUNK, Engine
+from specdec_edge.runtime.base import Engine, prefill  # noqa: F401 (prefill: its home for the proposers)
 from specdec_edge.runtime.tree import tree_inputs
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
@@ -44,15 +48,6 @@ class Emitted:
     finish_reason: str | None = None  # "eos" | "length" | "cancelled"
 
 
-def prefill(engine: Engine, tokens: Sequence[int], chunk: int = PREFILL_CHUNK) -> None:
-    """Reset ``engine`` and commit ``tokens`` to its cache, ``chunk`` tokens per pass."""
-    engine.reset()
-    for start in range(0, len(tokens), chunk):
-        piece = tokens[start : start + chunk]
-        engine.run(piece, logits_to_keep=1)  # the logits are not used; keep the LM head work minimal
-        engine.commit(len(piece))
-
-
 def decode(
     target: Engine,
     proposer: Proposer,
@@ -66,11 +61,15 @@ def decode(
     stats: Stats | None = None,
     cancel: threading.Event | None = None,
     rule: AcceptanceRule = EXACT,
+    reuse: bool = False,
+    prepare: Callable[[list[int]], int] | None = None,
 ) -> Iterator[Emitted]:
     """Generate up to ``max_new_tokens`` after ``prompt``, yielding the tokens of each step.
 
     ``k`` is the deepest proposal a step may verify; ``rule`` decides what is accepted (default:
-    the exact rules; see ``acceptance.py``).
+    the exact rules; see ``acceptance.py``). ``reuse``: keep the prefix of ``prompt`` that the caches hold from
+    earlier calls (module docstring) instead of prefilling it again; ``prepare(context)``, called first when
+    reusing, may restore an earlier context into the caches (``prompt_cache.py``) and returns the tokens restored.
 
     Stops after an eos token (emitted, and nothing after it), at ``max_new_tokens`` (a
     proposal is cut to what is left), or when ``cancel`` is set; closing the generator
@@ -85,8 +84,15 @@ def decode(
     context = [int(t) for t in prompt]
     stats.prompt_tokens = len(context)
     start = time.perf_counter()
-    prefill(target, context[:-1])
-    proposer.prefill(context, params, rng)
+    if reuse and prepare is not None:
+        stats.restored_tokens = prepare(context)
+    kept = target.reusable(context[:-1]) if reuse else 0
+    prefill(target, context[:-1], kept=kept)
+    if reuse:
+        proposer.prefill(context, params, rng, kept)
+    else:
+        proposer.prefill(context, params, rng)  # (proposers outside the registry may take three arguments)
+    stats.reused_tokens, stats.prefilled_tokens = kept, len(context) - 1 - kept
     stats.prefill_s = time.perf_counter() - start
     stats.total_s = stats.prefill_s
 

@@ -21,11 +21,13 @@ from specdec_edge.speculative.acceptance import AcceptanceRule, ExactAcceptance,
 from specdec_edge.speculative.auto import AutoProposer, Candidate
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.eagle import Eagle3Proposer, EagleProposer
+from specdec_edge.speculative.history import MAX_MATCH, HistoryLookupProposer, HistoryProposer, HistorySlot
 from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer
 from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
 from specdec_edge.speculative.predictors import (
     Calibrated,
+    history_predictor,
     lookahead_predictor,
     medusa_predictor,
     pld_predictor,
@@ -149,6 +151,8 @@ class Resources:
     trees: bool = True  # proposals may branch (False: the target verifies only chains bit for bit)
     # The device's step costs (``speculative/costs.py``), given the proposers whose own cost to measure.
     costs: Callable[[Mapping[str, Proposer]], CostModel] | None = None
+    # Which history store the current call drafts from (``speculative/history.py``); None: no history at all.
+    history: HistorySlot | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,7 @@ def min_ngram(default: int) -> Option:
 
 
 PLD_OPTIONS = (Option("max_ngram", "int", 3, "longest n-gram matched", low=1, high=64), min_ngram(1))
+MIN_MATCH = Option("min_match", "int", 4, "shortest match in the history store proposed", low=1, high=MAX_MATCH)
 LOOKAHEAD_OPTIONS = (
     Option("window", "int", 4, "Jacobi window columns", low=1, high=64),
     Option("ngram", "int", 3, "n-gram size of the pool", low=2, high=16),
@@ -271,12 +276,20 @@ def _pld_then(head_builder):
 _pld_eagle, _pld_eagle3 = _pld_then(_eagle), _pld_then(_eagle3)
 
 
+def _history(res: Resources, options: dict) -> Proposer:
+    return HistoryLookupProposer(res.history or HistorySlot(), **options)
+
+
 def auto_candidates(res: Resources, options: dict) -> list[Candidate]:
-    """The proposers ``auto`` chooses among on a bundle: prompt lookup always; the draft model and the trained
-    heads the bundle has; lookahead where trees are verified exactly. On chain-only bundles the heads propose
-    chains (EAGLE with topk 1, Medusa's top-1 path)."""
+    """The proposers ``auto`` chooses among on a bundle: prompt lookup always; drafts from history where the
+    pipeline keeps it; the draft model and the trained heads the bundle has; lookahead where trees are
+    verified exactly. On chain-only bundles the heads propose chains (EAGLE with topk 1, Medusa's top-1
+    path)."""
     pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
     candidates = [Candidate("pld", PromptLookupProposer(**pld), pld_predictor())]
+    if res.history is not None:  # left out of seeded sampling's fixed rule: its drafts depend on earlier calls
+        history = HistoryProposer(res.history, options.get("min_match", MIN_MATCH.default))
+        candidates.append(Candidate("history", history, history_predictor(), fixed=False))
     if res.draft is not None:
         candidates.append(Candidate("draft", DraftModelProposer(res.draft), Calibrated()))
     for name, proposer in (("eagle", EagleProposer), ("eagle3", Eagle3Proposer)):
@@ -316,7 +329,7 @@ _METHODS = (
         "each step, the proposer, width and tree with the most expected tokens per second on this device "
         "(or a plain step)",
         _auto,
-        PLD_OPTIONS,
+        (*PLD_OPTIONS, MIN_MATCH),
         uses_heads=True,
         default_k=6,
     ),
@@ -331,6 +344,14 @@ _METHODS = (
         "prompt lookup: continuation of the latest earlier occurrence of the last n-gram",
         lambda res, o: PromptLookupProposer(**o),
         PLD_OPTIONS,
+    ),
+    Method(
+        "history",
+        "prompt lookup over this call and over earlier calls' prompts and outputs (the pipeline's history "
+        "store): the longer match proposes",
+        _history,
+        (*PLD_OPTIONS, MIN_MATCH),
+        default_k=8,
     ),
     Method(
         "lookahead",

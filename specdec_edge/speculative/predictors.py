@@ -8,8 +8,8 @@ Each model keys its nodes by what predicts them and counts, per key, how often s
 verified and accepted, starting from a prior worth a few observations:
 
 * ``NodeRates``: a key per node from the proposer's state -- prompt lookup: (matched n-gram
-  length, position); Medusa: the node's place in its static tree; lookahead: pool or Jacobi
-  window, and depth.
+  length, position); history: (bucket of the match length, position); Medusa: the node's place in
+  its static tree; lookahead: pool or Jacobi window, and depth.
 * ``Calibrated``: for proposers that give their own probability (``Proposal.confidence``: EAGLE's
   path probability, a draft model's): bins of that probability, each learning how often its nodes
   are really accepted. A confident but wrong head is corrected within a few steps.
@@ -96,6 +96,19 @@ def pld_predictor() -> Predictor:
     return NodeRates(
         key=lambda p, proposer, i: (min(proposer.matched, 4), i),
         prior=lambda p, proposer, i: (0.6 if proposer.matched >= 2 else 0.35) ** (i + 1),
+    )
+
+
+def history_predictor() -> Predictor:
+    """History (earlier calls' text): a longer match predicts a longer accepted run; buckets of the match
+    length (4-7, 8-15, 16-31, 32+ tokens) by position, each learning its own rate."""
+
+    def bucket(proposer) -> int:
+        return min(max(proposer.matched.bit_length() - 1, 2), 5)  # 2: < 8 tokens, 3: < 16, 4: < 32, 5: 32+
+
+    return NodeRates(
+        key=lambda p, proposer, i: (bucket(proposer), i),
+        prior=lambda p, proposer, i: (0.45 + 0.1 * bucket(proposer)) ** (i + 1),
     )
 
 

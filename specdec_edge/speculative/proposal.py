@@ -62,13 +62,21 @@ class Proposer(ABC):
     # bit (``GraphSpec.tree_invariant``); ``Pipeline`` checks this.
     branches: bool = False
 
-    def prefill(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+    def prefill(
+        self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator, kept: int | None = None
+    ) -> None:
         """Start a generation after ``prompt`` (its last token is pending).
 
         Args:
             prompt: the prompt's token ids.
             params: the sampling parameters of this generation (greedy or not, temperature, ...).
             rng: the generation's random generator (for proposers that sample their drafts).
+            kept: None: start afresh. Else the call reuses what earlier calls left (``decode(reuse=True)``): the
+                target's cache (and its feature tap) kept the first ``kept`` tokens of ``prompt``, and a proposer
+                may keep its own state for the prefix of ``prompt`` it has recorded (state that reads the target's
+                features for at most ``kept`` tokens). What it keeps may change its proposals (so speed, never the
+                greedy output: verification is exact) but only as a function of the calls before: the same calls
+                in the same order propose the same tokens.
         """
 
     @abstractmethod

@@ -37,11 +37,12 @@ class DraftModelProposer(Proposer):
         self.params = SamplingParams()
         self.rng = np.random.default_rng()
 
-    def prefill(self, prompt, params, rng) -> None:
+    def prefill(self, prompt, params, rng, kept=None) -> None:
         self.params, self.rng = params, rng
         self.seen = [int(t) for t in prompt[:-1]]
         self.confirmed = len(self.seen)
-        prefill(self.engine, self.seen)
+        # reuse: the draft's own cache keeps the prefix it holds (its own record, not the target's)
+        prefill(self.engine, self.seen, kept=0 if kept is None else self.engine.reusable(self.seen))
 
     def propose(self, context, k) -> Proposal:
         if k <= 0:
@@ -97,9 +98,9 @@ class FirstOfProposer(Proposer):
         self.first, self.second = first, second
         self.branches = first.branches or second.branches
 
-    def prefill(self, prompt, params, rng) -> None:
-        self.first.prefill(prompt, params, rng)
-        self.second.prefill(prompt, params, rng)
+    def prefill(self, prompt, params, rng, kept=None) -> None:
+        self.first.prefill(prompt, params, rng, kept)
+        self.second.prefill(prompt, params, rng, kept)
 
     def propose(self, context, k) -> Proposal:
         proposal = self.first.propose(context, k)

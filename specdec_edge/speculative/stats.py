@@ -55,6 +55,10 @@ class Stats:
     """
 
     prompt_tokens: int = 0
+    # of the prompt's tokens before the pending one: kept in the caches from earlier calls (reuse), and computed
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    restored_tokens: int = 0  # of the reused: copied in from the prompt cache's snapshot of an earlier context
     new_tokens: int = 0  # tokens emitted (eos included)
     steps: int = 0  # target verification passes
     proposed: int = 0  # draft tokens verified
