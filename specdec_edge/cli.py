@@ -332,8 +332,9 @@ def info(bundle, as_json):
         if role == "target":
             for verdict in summary["verdicts"]:
                 bounds = verdict["details"].get("boundaries") or []
-                where = verdict["device"].get("name", "?") + f" ({verdict['device'].get('provider', '?')}, threads "
-                where += f"{verdict['device'].get('threads', '?')}, {verdict['measured']})"
+                device = verdict["device"] if isinstance(verdict["device"], dict) else {}  # any JSON value: formatted
+                where = f"{device.get('name', '?')} ({device.get('provider', '?')}, threads "
+                where += f"{device.get('threads', '?')}, {verdict['measured']})"
                 click.echo(f"    exactness on {where}: {describe(Verdict.from_json(verdict), m['dtype'])}")
                 if bounds:
                     click.echo(f"      passes never straddle key counts {bounds} (the kernels round differently there)")

@@ -14,6 +14,7 @@ from specdec_edge.bundle import CacheSpec, GraphSpec
 from specdec_edge.export.graph import build_decoder, save
 from specdec_edge.export.sources import load_model
 from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.speculative.loop import prefill
 
 CAPACITY = 64
@@ -42,7 +43,7 @@ def engine(cfg, flavour: str, dtype: str, folder, feature_layers=()) -> OrtEngin
     cache_dtype = "float16" if dtype == "fp16" else "float32"
     cache = CacheSpec(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CAPACITY, cache_dtype)
     spec = GraphSpec("model.onnx", flavour, dtype, cfg.vocab_size, cfg.hidden_size, cache, True, tuple(feature_layers))
-    return OrtEngine(path, spec, threads=1)
+    return OrtEngine(path, spec, cpu=CpuThreads(1))
 
 
 @pytest.mark.parametrize("flavour", ["ort", "portable"])

@@ -91,8 +91,9 @@ class EagleProposer(Proposer):
         n = len(context)
         if k <= 0 or n < 2 or self.tap.length != n - 1:
             return EMPTY
-        # 1. Feed the true features not yet in the head cache: slots length..n-2.
-        start = self.length
+        # 1. Feed the true features not yet in the head cache: slots length..n-2 (at least the last one, whose
+        # output the tree grows from: a reused context may have left every slot in the head cache).
+        start = min(self.length, n - 2)
         hidden, logp, top = self._run(
             self._committed(start, n - 1),
             context[start + 1 : n],
