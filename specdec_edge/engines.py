@@ -84,7 +84,7 @@ class Engines:
         self.target = self.draft = self.prompt_cache = None
         self.heads = {}
         for decoder in list(self._decoders):
-            decoder.engine = decoder.proposer = None
+            decoder.engine = decoder.proposer = decoder.prepare = None  # prepare holds the engine too
 
 
 def open_engines(

@@ -127,7 +127,7 @@ class Decoder:
     """What one method's calls decode with (``engines.Engines.decoder`` builds it): the engine the loop
     drives (the target, or a feature tap over it), the method's proposer and acceptance rule, the
     speculation length, the eos ids, and the lease on the engines it shares with the other methods.
-    Closing the engines sets ``engine`` and ``proposer`` to None."""
+    Closing the engines sets ``engine``, ``proposer`` and ``prepare`` to None."""
 
     engine: Engine | None
     proposer: Proposer | None
