@@ -452,20 +452,19 @@ def test_fixed_shape_passes_give_the_same_logits_bit_for_bit(pad_to, tiny_bundle
         assert engines[1].fixed_passes == engines[1].passes == 5  # the 7-token prefill too (<= pad_to)
 
 
+def fixed_shape_engine(bundle):
+    """The GPU engine's fixed-shape pass (what CUDA graphs replay), emulated on the CPU, one-row passes padded to 16."""
+    graph = read_manifest(bundle).target.graph
+    return OrtGpuEngine(
+        bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, fixed_shape=True, gpu=GpuOptions(pad_to=16)
+    )
+
+
 def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bundle):
     """Generation through fixed-shape passes equals plain CPU decoding, for a chain (pld), a tree (lookahead)
     and hidden-state heads (eagle); only passes wider than pad_to (long prefill) run outside the fixed shape."""
     for bundle, methods in ((tiny_bundle, ("plain", "pld", "lookahead")), (heads_bundle, ("eagle",))):
-        graph = read_manifest(bundle).target.graph
-        engine = OrtGpuEngine(
-            bundle / graph.path,
-            graph,
-            provider="cpu",
-            device="cpu",
-            threads=1,
-            fixed_shape=True,
-            gpu=GpuOptions(pad_to=16),
-        )
+        engine = fixed_shape_engine(bundle)
         ref = Pipeline.load(bundle, method="plain", threads=1)
         for method in methods:
             pipe = Pipeline(ref.tokenizer, Engines(engine, heads=ref.heads if method == "eagle" else None), method, 4)
@@ -479,17 +478,8 @@ def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bu
 def test_fixed_shape_pipeline_runs_eagle3_heads_exactly(eagle3_bundle):
     """EAGLE-3 heads read the target's layer features: the fixed-shape pass (what CUDA graphs replay) returns them
     too, so eagle3 and pld-eagle3 through it equal plain CPU decoding."""
-    graph = read_manifest(eagle3_bundle).target.graph
-    assert graph.feature_layers
-    engine = OrtGpuEngine(
-        eagle3_bundle / graph.path,
-        graph,
-        provider="cpu",
-        device="cpu",
-        threads=1,
-        fixed_shape=True,
-        gpu=GpuOptions(pad_to=16),
-    )
+    assert read_manifest(eagle3_bundle).target.graph.feature_layers
+    engine = fixed_shape_engine(eagle3_bundle)
     ref = Pipeline.load(eagle3_bundle, method="plain", threads=1)
     for method in ("eagle3", "pld-eagle3"):
         pipe = Pipeline(ref.tokenizer, Engines(engine, heads=ref.heads), method, 4)

@@ -82,30 +82,14 @@ def test_cycle_detection_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+ABOVE_SPECULATIVE = ("pipeline", "engines", "generation", "streaming", "cli", "bench", "export", "demo")
+
+
 def test_layers_import_downwards_only():
     graph = import_graph()
     above = {
-        "specdec_edge.runtime": (
-            "speculative",
-            "pipeline",
-            "engines",
-            "generation",
-            "streaming",
-            "cli",
-            "bench",
-            "export",
-            "demo",
-        ),
-        "specdec_edge.speculative": (
-            "pipeline",
-            "engines",
-            "generation",
-            "streaming",
-            "cli",
-            "bench",
-            "export",
-            "demo",
-        ),
+        "specdec_edge.runtime": ("speculative", *ABOVE_SPECULATIVE),
+        "specdec_edge.speculative": ABOVE_SPECULATIVE,
         "specdec_edge.bundle": ("runtime", "speculative", "pipeline", "export"),
     }
     for module, edges in graph.items():
