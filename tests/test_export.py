@@ -86,17 +86,24 @@ def test_precisions_export_validate_and_speculate_exactly(tiny_llama_dir, tmp_pa
         assert "MatMulNBits" in ops and "MatMul" not in ops
     # Measured at export, not assumed from the dtype: one-row passes are padded to two.
     invariance = m.target.validation["batch_invariance"]
-    assert m.target.graph.batch_invariant
+    from specdec_edge import Pipeline, SpecdecError
+
     if dtype != "fp16":
+        assert m.target.graph.batch_invariant
         assert invariance["failed_widths"] == [] and invariance["max_width"] == 64
-    else:  # measured, and applied: passes are cut to the widest width that matched (speculation below stays exact)
+    else:  # measured, and applied: passes are cut to the widest width that matched, or speculation is refused
         # On an x86 CPU, ONNX Runtime runs the fp16 MatMuls in fp32 on fp32 copies of the weights
-        # (FuseFp16InitializerToFp32NodeTransformer), whose sums differ in the last bits between some pass widths;
-        # the residual stream is fp32 (export/graph.py), so nothing rounds that away (measured: widths 16 and 32
-        # on this model, on an AMD EPYC).
-        assert invariance["max_width"] >= 8 and invariance["max_width"] == m.target.graph.verdict["max_width"]
+        # (FuseFp16InitializerToFp32NodeTransformer), whose sums differ in the last bits between some passes; the
+        # residual stream is fp32 (export/graph.py), so nothing rounds that away. Measured on an AMD EPYC: widths
+        # 16 and 32 at short contexts, and two-row passes after some cache lengths in no periodic pattern (the
+        # residue sweep of runtime/verdicts.py), so this model's fp16 graph is not batch invariant there.
+        assert invariance["max_width"] == m.target.graph.verdict["max_width"]
+        if not m.target.graph.batch_invariant:
+            assert invariance["max_width"] == 1 and 2 in invariance["failed_widths"]
+            with pytest.raises(SpecdecError, match="not batch invariant"):
+                Pipeline.load(out, method="pld", threads=1)
+            return
     assert m.target.graph.min_pass_width == (1 if invariance["single_row_matches"] else 2)
-    from specdec_edge import Pipeline
     from tests.test_methods import assert_greedy_equals_plain
 
     plain = Pipeline.load(out, method="plain", threads=1)
@@ -106,8 +113,6 @@ def test_precisions_export_validate_and_speculate_exactly(tiny_llama_dir, tmp_pa
     if m.target.graph.tree_invariant or dtype == "fp16":
         assert_greedy_equals_plain(plain, plain.with_method("lookahead"), prompts=MANY[:8])
     else:
-        from specdec_edge import SpecdecError
-
         with pytest.raises(SpecdecError, match="verifies only chain-shaped proposals"):
             plain.with_method("lookahead")
 

@@ -21,7 +21,9 @@ Shapes below: S new tokens of one pass, N kept logits rows, V vocabulary, H hidd
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -120,6 +122,25 @@ def causal_bias(past: int, seq: int) -> np.ndarray:
     return bias
 
 
+# Kernels that vectorize over the keys in blocks (4 floats on ARM NEON, up to 16 with AVX-512) and finish with a
+# scalar tail round a row by its pass's key count modulo the block: runtime/verdicts.py checks every width up to
+# RESIDUE_WIDTHS after RESIDUE_PERIOD consecutive cache lengths (a multiple of every such block).
+RESIDUE_PERIOD = 16
+RESIDUE_WIDTHS = 8
+
+
+def residue_limit(bad_residues: Mapping, past: int, widest: int) -> int:
+    """The most rows a pass after ``past`` slots may have so that it and every narrower pass (down to two rows)
+    match plain decoding, given the widths that do not after ``past % RESIDUE_PERIOD`` slots; 1 (a plain step)
+    when even two rows do not."""
+    residue, fine = past % RESIDUE_PERIOD, 1
+    for width in range(2, min(widest, RESIDUE_WIDTHS) + 1):
+        if residue in bad_residues.get(width, ()):
+            break
+        fine = width
+    return fine
+
+
 def pad_step(step: StepInputs, width: int, past: int) -> StepInputs:
     """``step`` widened to ``width`` rows by appending padding tokens, so that every pass has one shape.
 
@@ -171,9 +192,12 @@ class Engine(ABC):
     length: int = 0  # committed slots
     # From the device's exactness verdict (runtime/verdicts.py, applied by ``verdicts.apply``): passes narrower
     # than ``min_width`` rows are padded to it (engines that pad to a width of their own ignore it), and a pass
-    # must not straddle one of the key-count ``boundaries`` (``max_rows``).
+    # must not straddle one of the key-count ``boundaries`` (``max_rows``), and where a row's rounding depends on
+    # its pass's key count modulo a kernel's block, a pass of w rows after ``past`` slots runs only where
+    # ``past % RESIDUE_PERIOD`` is not in ``bad_residues[w]`` (``max_rows``).
     min_width: int = 1
     boundaries: tuple = ()
+    bad_residues: Mapping = MappingProxyType({})  # {width: frozenset of residues of past mod RESIDUE_PERIOD}
     max_width: int | None = None  # the widest verify pass measured exact (wider proposals are cut to it)
     # The token ids of slots 0..length-1 (see the module docstring), or None: unknown until the next reset.
     held: list | None = None
@@ -212,11 +236,14 @@ class Engine(ABC):
 
         Plain decoding computes the token at position p in a pass of ``min_width`` rows, over p + min_width
         keys. At a key-count boundary B the kernels round differently (``runtime/verdicts.py``), so rows at
-        positions below B - min_width and rows from there on must not share a pass; and no pass may be wider
-        than ``max_width``, the widest measured exact."""
+        positions below B - min_width and rows from there on must not share a pass; no pass may be wider
+        than ``max_width``, the widest measured exact; and where ``bad_residues`` were measured, no pass of a
+        width that does not match plain decoding after this many slots (modulo ``RESIDUE_PERIOD``)."""
         past = self.length if past is None else past
         limits = [b - self.min_width - past for b in self.boundaries if b - self.min_width > past]
         limits += [self.max_width] if self.max_width else []
+        if self.bad_residues:
+            limits.append(residue_limit(self.bad_residues, past, self.max_width or RESIDUE_WIDTHS))
         return min(limits) if limits else None
 
     def reset(self) -> None:

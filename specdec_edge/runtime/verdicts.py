@@ -15,6 +15,12 @@ decoding gives it. Kernels pick another code path (and rounding) for another pas
   candidates (powers of two, the sliding window) with one token's row, and the decode loop then cuts
   any proposal whose pass would straddle one (``Engine.max_rows``), so every row keeps plain
   decoding's rounding;
+* kernels that vectorize over the keys in blocks of 4-16 with a scalar tail (ONNX Runtime's arm64 attention:
+  blocks of 4) round a row by its pass's key count *modulo the block*: the last row of a verify pass has no
+  masked key after it, plain decoding's (padded) row has one, and whenever the row's key count is 3 mod 4
+  the two split the keys differently. Every width up to ``RESIDUE_WIDTHS`` is checked after
+  ``RESIDUE_PERIOD`` consecutive cache lengths; the residues where a width does not match plain decoding
+  (``bad_residues``) go to the engine, which never runs such a pass (``Engine.max_rows``);
 * fused attention rounds a tree row slightly differently from its branch run as a chain;
 * a call that reuses the cache of an earlier one (``decode(reuse=True)``) keeps K/V that decode passes wrote (an
   answer's, at widths 1..k+1) and prefills the rest from where the common prefix ends, while a fresh call
@@ -44,14 +50,15 @@ from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle import manifest_digest as bundle_digest
 from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress, report
-from specdec_edge.runtime.base import PREFILL_CHUNK, Engine, prefill
+from specdec_edge.runtime.base import PREFILL_CHUNK, RESIDUE_PERIOD, RESIDUE_WIDTHS, Engine, prefill
 from specdec_edge.runtime.device import device_key
 from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
 
-VERDICT_FORMAT = 2  # bumped when what is measured changes: cached verdicts of other formats are measured again
+VERDICT_FORMAT = 3  # bumped when what is measured changes: cached verdicts of other formats are measured again
 CHAIN_WIDTHS = (1, 2, 3, 4, 5, 8, 12, 16, 32, 64)  # the widest is what a verify pass may have (MAX_VERIFY)
 CONTEXTS = (7, 40)
+RESIDUE_FROM = 41  # the residue sweep's cache lengths: RESIDUE_FROM .. RESIDUE_FROM + RESIDUE_PERIOD - 1
 CANDIDATES = (16, 32, 64, 128, 256, 512, 1024)  # key counts where kernels may change their blocking
 NEAR_WIDTHS = (3, 8, 16)  # the widths checked across the candidates and boundaries
 FULL_SWEEP = 320  # every key count up to this is swept (kernels block by 16..128 there)
@@ -246,6 +253,33 @@ def find_boundaries(probe: _Probe, candidates: tuple[int, ...]) -> list[int] | N
     return sorted(found)
 
 
+def _bad_residues(probe: _Probe, max_width: int) -> tuple[dict[int, list[int]], int]:
+    """For every width 2 .. min(max_width, RESIDUE_WIDTHS): the residues (mod RESIDUE_PERIOD) of the cache lengths
+    after which a chain pass of that width does not match plain decoding's rows, over two periods of consecutive
+    lengths (the boundaries applied, as in decoding); and the widest width up to which both periods found the same
+    residues. A width whose mismatches do not repeat with the period follows no kernel block: it and every wider
+    width are not exact (the second value is then below it; 1 when two rows already fail so)."""
+    engine = probe.engine
+    top = min(max_width, RESIDUE_WIDTHS)
+    lengths = range(RESIDUE_FROM, RESIDUE_FROM + 2 * RESIDUE_PERIOD)
+    if top < 2 or lengths[-1] + top > engine.capacity:
+        return {}, max_width
+    seen: dict[int, tuple[set, set]] = {w: (set(), set()) for w in range(2, top + 1)}
+    for past, pending in _descending(probe, lengths):
+        limit = min(engine.max_rows(past) or top, top)
+        for width in range(2, limit + 1):
+            ok, _ = _chain_rows_match(probe, past, np.array([pending, *probe.tokens(width - 1)]))
+            if not ok:
+                seen[width][(past - RESIDUE_FROM) // RESIDUE_PERIOD].add(past % RESIDUE_PERIOD)
+    regular = 1
+    for width in range(2, top + 1):
+        if seen[width][0] != seen[width][1]:
+            break
+        regular = width
+    bad = {w: sorted(seen[w][0]) for w in range(2, regular + 1) if seen[w][0]}
+    return bad, (max_width if regular == top else regular)
+
+
 def _descending(probe: _Probe, lengths) -> list[tuple[int, int]]:
     """(past, pending token) for each context length, longest first, over one random context filled once: a pass
     after ``past`` slots writes only slots from ``past`` on, which the shorter contexts after it never read."""
@@ -262,7 +296,7 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
     compared. The engine is left with the measured padding and boundaries applied, its cache empty."""
     start = time.perf_counter()
     probe = _Probe(engine, seed, longest=max(CONTEXTS + tuple(c + SPAN for c in candidates)))
-    engine.min_width, engine.boundaries, engine.max_width = 1, (), None
+    engine.min_width, engine.boundaries, engine.max_width, engine.bad_residues = 1, (), None, {}
     widths = [w for w in widths if max(CONTEXTS) + w <= engine.capacity]
     fits = lambda n, ws: n >= 2 and n + max(ws) <= engine.capacity  # noqa: E731
     near = [c - 3 for c in candidates]
@@ -294,6 +328,17 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
     good = [w for w in widths if w >= 2 and not any(f <= w for f in failed)]
     max_width = 1 if partners_matter else max(good, default=1)
     engine.max_width = max_width
+    # ... and after every cache length modulo the kernels' key blocks (wider passes are not swept: cut to the swept)
+    swept = max_width
+    bad_residues, max_width = _bad_residues(probe, max_width)
+    if max_width < min(swept, RESIDUE_WIDTHS):  # mismatches at a width that follow no period: it is not exact
+        failed.add(max_width + 1)
+    if bad_residues:
+        max_width = min(max_width, RESIDUE_WIDTHS)
+        engine.bad_residues = {w: frozenset(r) for w, r in bad_residues.items()}
+        if len(bad_residues.get(2, ())) == RESIDUE_PERIOD:  # two rows never match: no pass of two or more is exact
+            max_width = 1
+    engine.max_width = max_width
     tree_ok, worst_tree = max_width >= 2, 0.0
     for past, _ in _descending(probe, cases) if tree_ok else []:
         limit = min(engine.max_rows(past) or max_width, max_width)
@@ -313,6 +358,8 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
         "failed_widths": sorted(failed),
         "rows_depend_on_partners": partners_matter,
         "boundaries": boundaries,
+        "residue_period": RESIDUE_PERIOD,
+        "bad_residues": {str(w): r for w, r in bad_residues.items()},
         "single_row_matches": bool(single_ok),
         "single_row_max_abs_diff": worst_single,
         "multi_row_max_abs_diff": worst_multi,
@@ -390,9 +437,9 @@ def device_verdict(
     progress: Progress | None = None,
 ) -> Verdict:
     """The verdict that holds for ``engine`` on ``device``: the one export ``recorded`` if it was measured on this
-    very device, else the cached one, else measured now (seconds; cached; ``progress`` gets a line before and
-    after). The engine gets its padding and boundaries from it."""
-    if recorded.device == device:
+    very device (by a version that checks the key residues), else the cached one, else measured now (seconds;
+    cached; ``progress`` gets a line before and after). The engine gets its padding and boundaries from it."""
+    if recorded.device == device and "residue_period" in recorded.details:  # measured by this version, here
         verdict = recorded
     else:
         digest = bundle_digest(root)
@@ -418,4 +465,6 @@ def apply(engine: Engine, verdict: Verdict) -> None:
     """Give ``engine`` the padding and the key-count boundaries ``verdict`` measured."""
     engine.min_width = verdict.min_pass_width
     engine.boundaries = tuple(verdict.details.get("boundaries", ()))
+    residues = verdict.details.get("bad_residues") or {}
+    engine.bad_residues = {int(w): frozenset(r) for w, r in residues.items()}
     engine.max_width = verdict.max_width

@@ -73,6 +73,7 @@ class FeatureTap(Engine):
     # the wrapped engine's exactness settings (runtime/verdicts.py applies them to either)
     min_width = property(lambda self: self.engine.min_width)
     boundaries = property(lambda self: self.engine.boundaries)
+    bad_residues = property(lambda self: self.engine.bad_residues)
     max_width = property(lambda self: self.engine.max_width)
 
     def rollback(self, length: int) -> None:
