@@ -22,10 +22,12 @@ the graph's minimum width) and its argmax. OpenVINO GenAI: ``generate(max_new_to
 GGUF, greedy. Rate: prompt tokens / that time.
 
 Variants (``--variant``, repeatable; default: every one below that can run here):
-  ours[:chunk=N,opt=all|extended|basic,pool=process|session,spin=1|0,block=N]
+  ours[:chunk=N,opt=all|extended|basic,pool=process|session,spin=1|0,block=N,graph=PATH]
       our engine on the bundle's target graph (defaults = the runtime's: chunk PREFILL_CHUNK, full graph
       optimization, the process-wide spinning pool); pool=session: a per-session pool (spinning, stopped
-      after each run; spin=0: sleeping); block: the session's ``session.dynamic_block_base``.
+      after each run; spin=0: sleeping); block: the session's ``session.dynamic_block_base``; graph: another
+      graph file with the bundle's inputs and outputs (a candidate prefill-only graph; an edited copy must lie
+      beside the external data it reads).
   ovep[:chunk=N,precision=FP32|ACCURACY,opt=...]
       the same engine on ONNX Runtime's OpenVINO execution provider (device CPU, CPU provider as the
       fallback for ops it lacks); runs in --ovep-python (an environment with onnxruntime-openvino; it
@@ -106,7 +108,7 @@ def _ort_engine(bundle: Path, kind: str, options: dict, threads: int):
     from specdec_edge.runtime.threads import CpuThreads
 
     graph = read_manifest(bundle).target.graph
-    default = kind == "ours" and not set(options) - {"chunk"}
+    default = kind == "ours" and not set(options) - {"chunk", "graph"}
     if not default:  # the runtime's own options and provider are replaced for this process's one session
         opts = _session_options(options, threads)
         ort_engine.cpu_session_options = lambda cpu: opts
@@ -122,7 +124,8 @@ def _ort_engine(bundle: Path, kind: str, options: dict, threads: int):
                 return session
 
             ort_engine.create_session = create_session
-    return ort_engine.OrtEngine(bundle / graph.path, graph, cpu=CpuThreads(threads))
+    path = Path(options["graph"]) if "graph" in options else bundle / graph.path
+    return ort_engine.OrtEngine(path, graph, cpu=CpuThreads(threads))
 
 
 class OurPrefill:
