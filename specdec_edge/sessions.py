@@ -220,9 +220,7 @@ def run_sessions(
     if unknown:
         raise SpecdecError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}.")
     rows = rows_for(list(dict.fromkeys(["plain", *methods])), modes)
-    pipes = {
-        m: pipeline.with_method(m, k=k, **(options or {}).get(m, {})) for m in dict.fromkeys(r[0] for r in rows)
-    }
+    pipes = {m: pipeline.with_method(m, k=k, **(options or {}).get(m, {})) for m in dict.fromkeys(r[0] for r in rows)}
     results: dict[str, dict] = {label(r): {} for r in rows}
     bar = tqdm(total=len(rows) * len(sessions), desc="sessions", unit="row", file=sys.stderr, disable=not progress)
     ran, skipped_sessions, sent = [], {}, {}

@@ -107,11 +107,12 @@ def test_sessions_replay_given_requests(roomy_bundle, tmp_path):
 
     sessions = [s for s in build_sessions(prompts(tmp_path), n=1) if s.kind in ("spec-bench", "agent")]
     with Pipeline.load(roomy_bundle, method="plain", threads=1, history=False) as pipe:
-        first = run_sessions(pipe, ["plain"], sessions, modes=["none"], max_new_tokens=3, progress=False)
+        kw = dict(modes=["none"], max_new_tokens=3, progress=False)
+        first = run_sessions(pipe, ["plain"], sessions, **kw)
         assert [m["role"] for m in first["requests"][sessions[0].name][1]] == ["user", "assistant", "user"]
         edited = json.loads(json.dumps(first["requests"]))
         edited[sessions[0].name][1][1]["content"] = "An answer plain did not write."
-        again = run_sessions(pipe, ["plain"], sessions, modes=["none"], max_new_tokens=3, progress=False, requests=edited)
+        again = run_sessions(pipe, ["plain"], sessions, requests=edited, **kw)
     assert again["requests"] == edited
     turns = again["results"]["plain none"][sessions[0].name]["turns"]
     before = first["results"]["plain none"][sessions[0].name]["turns"]
