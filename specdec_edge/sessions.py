@@ -184,10 +184,18 @@ def run_session(pipe, session: Session, mode: str, max_new_tokens: int, requests
     store = (pipe.new_history() or HistoryStore.of_mb(DEFAULT_HISTORY_MB)) if history else False  # a fresh one
     kw = {"reuse": reuse, "history": store}
     _flush(pipe)
+    return play(session, lambda request: _call(pipe, request, max_new_tokens, kw), requests)
+
+
+def play(session: Session, call, requests: list | None = None) -> tuple[list, list]:
+    """A session's turns through ``call(request) -> (turn, answer text)``: each turn's request is the given one,
+    or (``requests`` None) the system message, the conversation so far with the answers ``call`` gave, and the
+    user's turn (an agent session: the system message and that turn's text, every time). The turns and the
+    requests sent."""
     turns, sent, messages = [], [], [] if session.system is None else [{"role": "system", "content": session.system}]
     for i, text in enumerate(session.turns):
         request = requests[i] if requests is not None else [*messages, {"role": "user", "content": text}]
-        turn, answer = _call(pipe, request, max_new_tokens, kw)
+        turn, answer = call(request)
         turns.append(turn)
         sent.append(request)
         if session.conversation and requests is None:
@@ -267,7 +275,11 @@ def run_sessions(
 
 
 def _session_result(turns: list[Turn], reference: list[Turn]) -> dict:
-    same = [t.token_ids == r.token_ids for t, r in zip(turns, reference)]
+    return session_result(turns, [t.token_ids == r.token_ids for t, r in zip(turns, reference)])
+
+
+def session_result(turns: list[Turn], same: list[bool]) -> dict:
+    """One row's result on one session as the report holds it; ``same``: each turn equals its reference's."""
     return {
         "total_s": sum(t.wall_s for t in turns),
         "new_tokens": sum(t.new_tokens for t in turns),
