@@ -179,9 +179,9 @@ def bench(
     if sessions:
         from specdec_edge.sessions import build_sessions, plot_sessions, run_sessions, sessions_markdown
 
-        report = run_sessions(
-            pipe, wanted, build_sessions(prompts_file, n_per_category), max_new_tokens=max_new_tokens, meta=meta
-        )
+        sessions_list = build_sessions(prompts_file, n_per_category)
+        run = dict(max_new_tokens=max_new_tokens, meta=meta, k=k, options=method_options)
+        report = run_sessions(pipe, wanted, sessions_list, **run)
         write_report(report, sessions_markdown(report), plot_sessions, json_out, md_out, plot_out)
         return
     run = dict(

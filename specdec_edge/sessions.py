@@ -42,6 +42,7 @@ from specdec_edge.speculative.methods import METHODS
 # mode -> (reuse the KV prefix across calls, draft from history)
 MODES = {"none": (False, False), "reuse": (True, False), "history": (False, True), "reuse+history": (True, True)}
 REFERENCE = ("plain", "none")
+BASES = ("plain none", "auto none")  # the rows speedups are over (a report without auto has none over auto)
 KINDS = ("spec-bench", "document", "code-edit", "agent")
 DOCUMENT_TURNS = (
     "List the facts the document states, one per line.",
@@ -183,10 +184,18 @@ def run_session(pipe, session: Session, mode: str, max_new_tokens: int, requests
     store = (pipe.new_history() or HistoryStore.of_mb(DEFAULT_HISTORY_MB)) if history else False  # a fresh one
     kw = {"reuse": reuse, "history": store}
     _flush(pipe)
+    return play(session, lambda request: _call(pipe, request, max_new_tokens, kw), requests)
+
+
+def play(session: Session, call, requests: list | None = None) -> tuple[list, list]:
+    """A session's turns through ``call(request) -> (turn, answer text)``: each turn's request is the given one,
+    or (``requests`` None) the system message, the conversation so far with the answers ``call`` gave, and the
+    user's turn (an agent session: the system message and that turn's text, every time). The turns and the
+    requests sent."""
     turns, sent, messages = [], [], [] if session.system is None else [{"role": "system", "content": session.system}]
     for i, text in enumerate(session.turns):
         request = requests[i] if requests is not None else [*messages, {"role": "user", "content": text}]
-        turn, answer = _call(pipe, request, max_new_tokens, kw)
+        turn, answer = call(request)
         turns.append(turn)
         sent.append(request)
         if session.conversation and requests is None:
@@ -203,8 +212,15 @@ def run_sessions(
     max_new_tokens: int = 128,
     meta: dict | None = None,
     progress: bool = True,
+    k: int | None = None,
+    options: dict | None = None,
+    requests: dict | None = None,
 ) -> dict:
-    """Every row (method x mode) on every session, the reference first on each; the report."""
+    """Every row (method x mode) on every session, the reference first on each; the report. ``k`` and
+    ``options`` (method -> its options, as ``run_bench`` takes them) apply to every method's pipeline;
+    ``requests`` (session name -> the requests of each turn, e.g. an earlier report's ``requests``) makes every
+    row, the reference too, send those instead of building the conversation from the reference's answers (the
+    same prompts on another bundle). The report's ``requests`` holds what each session's rows sent."""
     if not pipeline.tokenizer.has_chat_template:
         raise SpecdecError("--sessions needs a bundle with a chat template (sessions are conversations).")
     modes = list(modes or ["none", "reuse", "reuse+history"])
@@ -212,13 +228,14 @@ def run_sessions(
     if unknown:
         raise SpecdecError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}.")
     rows = rows_for(list(dict.fromkeys(["plain", *methods])), modes)
-    pipes = {m: pipeline.with_method(m) for m in dict.fromkeys(r[0] for r in rows)}
+    pipes = {m: pipeline.with_method(m, k=k, **(options or {}).get(m, {})) for m in dict.fromkeys(r[0] for r in rows)}
     results: dict[str, dict] = {label(r): {} for r in rows}
     bar = tqdm(total=len(rows) * len(sessions), desc="sessions", unit="row", file=sys.stderr, disable=not progress)
-    ran, skipped_sessions = [], {}
+    ran, skipped_sessions, sent = [], {}, {}
     for session in sessions:
+        given = (requests or {}).get(session.name)
         try:
-            reference, requests = run_session(pipes["plain"], session, "none", max_new_tokens)
+            reference, sent[session.name] = run_session(pipes["plain"], session, "none", max_new_tokens, given)
         except SpecdecError as e:  # e.g. longer than the KV cache
             skipped_sessions[session.name] = str(e)
             bar.update(len(rows))
@@ -227,7 +244,7 @@ def run_sessions(
         results[label(REFERENCE)][session.name] = _session_result(reference, reference)
         bar.update()
         for row in rows[1:]:
-            turns, _ = run_session(pipes[row[0]], session, row[1], max_new_tokens, requests)
+            turns, _ = run_session(pipes[row[0]], session, row[1], max_new_tokens, sent[session.name])
             results[label(row)][session.name] = _session_result(turns, reference)
             bar.update()
     bar.close()
@@ -240,6 +257,7 @@ def run_sessions(
         "rows": [label(r) for r in rows],
         "max_new_tokens": max_new_tokens,
         "k": {m: p.k for m, p in pipes.items() if METHODS[m].speculative},
+        "method_options": {m: p.options for m, p in pipes.items() if p.options},
         "exactness": pipeline.describe_exactness(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
@@ -250,13 +268,18 @@ def run_sessions(
         "sessions": [{"name": s.name, "kind": s.kind, "turns": len(s.turns)} for s in ran],
         "results": results,
         "skipped_sessions": skipped_sessions,
+        "requests": {s.name: sent[s.name] for s in ran},
     }
     report["summary"] = summarize(report)
     return report
 
 
 def _session_result(turns: list[Turn], reference: list[Turn]) -> dict:
-    same = [t.token_ids == r.token_ids for t, r in zip(turns, reference)]
+    return session_result(turns, [t.token_ids == r.token_ids for t, r in zip(turns, reference)])
+
+
+def session_result(turns: list[Turn], same: list[bool]) -> dict:
+    """One row's result on one session as the report holds it; ``same``: each turn equals its reference's."""
     return {
         "total_s": sum(t.wall_s for t in turns),
         "new_tokens": sum(t.new_tokens for t in turns),
@@ -281,7 +304,7 @@ def summarize(report: dict) -> dict:
             later = [t for n in names for t in by_session[n]["turns"][1:]]
             total = sum(by_session[n]["total_s"] for n in names)
             decode_s = sum(t["decode_s"] for t in later)
-            base = {r: sum(report["results"][r][n]["total_s"] for n in names) for r in ("plain none", "auto none")}
+            base = {r: sum(report["results"].get(r, {}).get(n, {}).get("total_s", 0.0) for n in names) for r in BASES}
             same_method_none = report["results"].get(f"{method} none", {})
             later_none = [t for n in names for t in same_method_none.get(n, {}).get("turns", [])[1:]]
             first_later = sum(t["first_s"] for t in later)
@@ -289,7 +312,7 @@ def summarize(report: dict) -> dict:
             out.setdefault(row, {})[kind] = {
                 "sessions": len(names),
                 "total_s": total,
-                "speedup_vs_plain": base["plain none"] / total if total else None,
+                "speedup_vs_plain": base["plain none"] / total if total and base["plain none"] else None,
                 "speedup_vs_auto": base["auto none"] / total if total and base["auto none"] else None,
                 "first_s_turn1": sum(by_session[n]["turns"][0]["first_s"] for n in names) / len(names),
                 "first_s_later": first_later / len(later) if later else None,
@@ -325,6 +348,8 @@ def sessions_markdown(report: dict) -> str:
     kinds = list(dict.fromkeys(s["kind"] for s in report["sessions"]))
     for kind in kinds:
         for row, by_kind in report["summary"].items():
+            if kind not in by_kind:  # a row that did not run this kind (a peer that could not)
+                continue
             r = by_kind[kind]
             lines.append(
                 f"| {kind} ({r['sessions']}) | {row} | {r['total_s']:.2f} | {_f(r['speedup_vs_plain'], '.2f')}x | "
@@ -338,7 +363,7 @@ def sessions_markdown(report: dict) -> str:
     for kind in kinds:
         name = next(s["name"] for s in report["sessions"] if s["kind"] == kind)
         for row, by_session in report["results"].items():
-            for i, t in enumerate(by_session[name]["turns"], 1):
+            for i, t in enumerate(by_session.get(name, {}).get("turns", []), 1):
                 accepted = t["by_proposer"].get("history", [0, 0, 0])[2]
                 lines.append(
                     f"| {name} | {row} | {i} | {t['first_s']:.3f} | {t['decode_tokens_per_s']:.1f} | "
@@ -348,11 +373,13 @@ def sessions_markdown(report: dict) -> str:
         lines.append(f"\nExactness on this device: {meta['exactness']}.")
     for name, reason in report["skipped_sessions"].items():
         lines.append(f"\nSkipped session {name}: {reason}")
+    compared_with = meta.get("compared_with", {})  # row -> the row it was compared with (default: plain none)
     for row, by_session in report["results"].items():
         for name, r in by_session.items():
             bad = [i + 1 for i, t in enumerate(r["turns"]) if not t["identical"]]
             if bad:
-                lines.append(f"\nDIVERGENCE: {row} differs from plain on {name} turn(s) {bad}.")
+                ref = compared_with.get(row, "plain")
+                lines.append(f"\nDIVERGENCE: {row} differs from {ref} on {name} turn(s) {bad}.")
     return "\n".join(lines) + "\n"
 
 
@@ -360,7 +387,7 @@ def plot_sessions(report: dict, out: str | Path) -> None:
     """A PNG: whole-session speedup vs plain without reuse, per session kind, one bar per row."""
     rows = [r for r in report["summary"] if r != label(REFERENCE)]
     kinds = list(dict.fromkeys(s["kind"] for s in report["sessions"]))
-    bars = {row: [report["summary"][row][k]["speedup_vs_plain"] or 0.0 for k in kinds] for row in rows}
+    bars = {row: [report["summary"][row].get(k, {}).get("speedup_vs_plain") or 0.0 for k in kinds] for row in rows}
     title = f"{model_name(report['meta'])} sessions, greedy"
     ylabel = "whole-session speedup vs plain, no reuse"
     plot_bars(out, kinds, bars, ylabel, title, group_width=1.2, rotate=False, legend_size=8)

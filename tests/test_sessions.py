@@ -81,3 +81,40 @@ def test_bench_sessions_on_the_tiny_bundle(roomy_bundle, tmp_path):
     table = md.read_text()
     assert table in res.output and "| document (1) | auto none |" in table and "Per turn" in table
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_sessions_applies_k_and_method_options(roomy_bundle, tmp_path):
+    """-k and -o reach every method's pipeline (they were ignored under --sessions), and a report without auto
+    has no speedup over it rather than a KeyError."""
+    out = tmp_path / "s.json"
+    args = ["bench", str(roomy_bundle), "--sessions", "--prompts", str(prompts(tmp_path)), "--max-new-tokens", "4"]
+    args += ["--threads", "1", "--methods", "plain,pld", "--json", str(out)]
+    res = CliRunner().invoke(main, [*args, "-k", "3", "-o", "pld.max_ngram=2"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["meta"]["k"] == {"pld": 3}  # pld's own default is 4
+    assert report["meta"]["method_options"] == {"pld": {"max_ngram": 2}}
+    assert report["summary"]["pld none"]["document"]["speedup_vs_auto"] is None
+    bad = CliRunner().invoke(main, [*args, "-o", "pld.no_such_option=1"])
+    assert bad.exit_code != 0 and "no_such_option" in bad.output
+
+
+def test_sessions_replay_given_requests(roomy_bundle, tmp_path):
+    """A report's requests, given to another run, are what every row of that run sends (the same prompts on
+    another bundle or runtime); the conversation turns carry the first run's answers, not the second's."""
+    from specdec_edge.pipeline import Pipeline
+    from specdec_edge.sessions import run_sessions
+
+    sessions = [s for s in build_sessions(prompts(tmp_path), n=1) if s.kind in ("spec-bench", "agent")]
+    with Pipeline.load(roomy_bundle, method="plain", threads=1, history=False) as pipe:
+        kw = dict(modes=["none"], max_new_tokens=3, progress=False)
+        first = run_sessions(pipe, ["plain"], sessions, **kw)
+        assert [m["role"] for m in first["requests"][sessions[0].name][1]] == ["user", "assistant", "user"]
+        edited = json.loads(json.dumps(first["requests"]))
+        edited[sessions[0].name][1][1]["content"] = "An answer plain did not write."
+        again = run_sessions(pipe, ["plain"], sessions, requests=edited, **kw)
+    assert again["requests"] == edited
+    turns = again["results"]["plain none"][sessions[0].name]["turns"]
+    before = first["results"]["plain none"][sessions[0].name]["turns"]
+    assert turns[0]["prompt_tokens"] == before[0]["prompt_tokens"]
+    assert turns[1]["prompt_tokens"] != before[1]["prompt_tokens"]  # the edited answer was sent
