@@ -57,7 +57,8 @@ def main():
     default="fp32",
     show_default=True,
     help="Weight precision. int8/int4: CPU quantizations of the ort flavour; gguf: keep a .gguf target's own "
-    "quantized blocks (Q4_0/Q4_1/Q5_x/Q8_0/K-quants) as they are. All are checked batch invariant at export.",
+    "quantized blocks (Q4_0/Q4_1/Q5_x/Q8_0/K-quants) as they are (the default bundle's precision; a .gguf target "
+    "without --dtype is dequantized to fp32). All are checked batch invariant at export.",
 )
 @click.option(
     "--capacity",
@@ -125,6 +126,12 @@ def export(
     from specdec_edge.export.exporter import export_bundle
     from specdec_edge.tokenizer import read_chat_template
 
+    if _dequantizes_a_gguf(target, click.get_current_context()):
+        click.echo(
+            "note: exporting the .gguf target dequantized to fp32 (several times the file's size); "
+            "--dtype gguf keeps its own quantized blocks, as the default bundle does",
+            err=True,
+        )
     path = export_bundle(
         target,
         out,
@@ -140,6 +147,14 @@ def export(
         revision=revision,
     )
     click.echo(f"Wrote bundle {path}")
+
+
+def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
+    """Whether this export takes an existing .gguf file to fp32 only because no --dtype was given."""
+    from pathlib import Path
+
+    default = ctx.get_parameter_source("dtype") is click.core.ParameterSource.DEFAULT
+    return default and target.lower().endswith(".gguf") and Path(target).is_file()
 
 
 @main.command("train-draft", context_settings=CONTEXT)

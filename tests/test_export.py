@@ -168,6 +168,17 @@ def test_missing_path(tmp_path):
     assert_clean_error(*run_cli("export", "--target", "./no/such/folder", "--out", tmp_path / "o"), "does not exist")
 
 
+def test_a_gguf_target_without_dtype_is_told_it_becomes_fp32(tmp_path):
+    broken = tmp_path / "model.gguf"
+    broken.write_bytes(b"not a gguf file")
+    code, out = run_cli("export", "--target", broken, "--out", tmp_path / "o")
+    assert "dequantized to fp32" in out and "--dtype gguf" in out  # said before the file is read
+    assert_clean_error(code, out)
+    code, out = run_cli("export", "--target", broken, "--dtype", "fp32", "--out", tmp_path / "o")
+    assert "dequantized to fp32" not in out  # asked for
+    assert_clean_error(code, out)
+
+
 def test_unknown_architecture(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
