@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # aarch64 check under emulation: the Jetson's CPU architecture, the light runtime only, bundles exported here.
 #
-#   scripts/arm64_check.sh [--dir DIR] [--no-real] [--only NAMES] [--setup-only] [--max-new-tokens N] [--cpu MODEL]
+#   scripts/arm64_check.sh [--dir DIR] [--no-real] [--only NAMES] [--setup-only] [--max-new-tokens N] [--threads N]
+#                          [--cpu MODEL]
 #
 # Makes once, and re-uses on later runs (cached in DIR, default /var/tmp/specdec-arm64 or $SPECDEC_ARM64_DIR):
 #   DIR/root     a Debian bookworm arm64 root (debootstrap --arch=arm64 --variant=minbase), run through
@@ -21,6 +22,8 @@
 # --no-real: only the tiny bundles (the real model's checks take most of the time under emulation).
 # --only NAMES: only these bundles, comma-separated (tiny, smollm2-gguf, smollm2-fp32-eagle).
 # --setup-only: make the root, the venv and the bundles, run nothing.
+# --threads N: ONNX Runtime threads of the checks' pipelines (default 2); two runs with --only and --threads 1
+#   side by side share the 2 cores better than one run at 2 threads (each emulated thread is a host thread).
 # --cpu MODEL: the CPU qemu emulates (QEMU_CPU; default max: every feature qemu has, SVE, i8mm, bf16 included);
 #   neoverse-n1 or cortex-a76 come closest to a Jetson Orin's Cortex-A78AE (ARMv8.2 with dotprod, no SVE, no
 #   i8mm), so ONNX Runtime picks the kernels it would pick there. `qemu-aarch64-static -cpu help` lists them.
@@ -29,7 +32,7 @@ main() {
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 DIR=${SPECDEC_ARM64_DIR:-/var/tmp/specdec-arm64}
-REAL=1 SETUP_ONLY=0 MAX_NEW=32 QEMU_CPU_MODEL=${QEMU_CPU:-} ONLY=
+REAL=1 SETUP_ONLY=0 MAX_NEW=32 QEMU_CPU_MODEL=${QEMU_CPU:-} ONLY= THREADS=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
@@ -39,6 +42,7 @@ while [ $# -gt 0 ]; do
     --setup-only) SETUP_ONLY=1; shift ;;
     --max-new-tokens) MAX_NEW=$2; shift 2 ;;
     --cpu) QEMU_CPU_MODEL=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
     -h|--help) sed -n '/^set -uo/q;2,$p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -138,9 +142,16 @@ if ! ls "$WHEELS"/setuptools-*.whl >/dev/null 2>&1; then  # to build this checko
   "$PY" -m pip download -q --only-binary=:all: -d "$WHEELS" "setuptools>=68" wheel \
     || { say "FAIL wheels: pip download setuptools failed (needs PyPI)"; exit 1; }
 fi
-# This checkout's source, installed inside without extras (pip builds it there from the offline setuptools).
-rm -rf "$ROOT/srv/wheels" "$ROOT/srv/src" && mkdir -p "$ROOT/srv/src" && cp -r "$WHEELS" "$ROOT/srv/wheels"
-cp -r pyproject.toml README.md specdec_edge "$ROOT/srv/src/" && find "$ROOT/srv/src" -name __pycache__ -prune -exec rm -rf {} +
+# This checkout's source, installed inside without extras (pip builds it there from the offline setuptools);
+# installed again only when it changed, so that two runs (--only) can share the root.
+src_stamp=$(find pyproject.toml README.md specdec_edge -type f -not -path '*/__pycache__/*' -print0 | sort -z \
+  | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+same_src=0
+[ "$(cat "$ROOT$VENV/.src-ok" 2>/dev/null)" = "$src_stamp" ] && same_src=1
+if [ "$same_src" = 0 ]; then
+  rm -rf "$ROOT/srv/wheels" "$ROOT/srv/src" && mkdir -p "$ROOT/srv/src" && cp -r "$WHEELS" "$ROOT/srv/wheels"
+  cp -r pyproject.toml README.md specdec_edge "$ROOT/srv/src/" && find "$ROOT/srv/src" -name __pycache__ -prune -exec rm -rf {} +
+fi
 if ! [ -x "$ROOT$VENV/bin/python" ]; then
   inroot python3 -m venv "$VENV" || { say "FAIL venv: python3 -m venv failed inside the root"; exit 1; }
 fi
@@ -148,8 +159,8 @@ light_stamp=$(ls "$WHEELS"; echo "${LIGHT[*]}")
 { [ "$(cat "$ROOT$VENV/.light-ok" 2>/dev/null)" = "$light_stamp" ] \
   || { inroot "$VENV/bin/python" -m pip install -q --no-index --find-links /srv/wheels "${LIGHT[@]}" \
     && printf '%s' "$light_stamp" >"$ROOT$VENV/.light-ok"; }; } >"$DIR/pip.log" 2>&1 \
-  && inroot "$VENV/bin/python" -m pip install -q --no-index --find-links /srv/wheels --force-reinstall --no-deps /srv/src \
-    >>"$DIR/pip.log" 2>&1 \
+  && { [ "$same_src" = 1 ] || { inroot "$VENV/bin/python" -m pip install -q --no-index --find-links /srv/wheels \
+    --force-reinstall --no-deps /srv/src >>"$DIR/pip.log" 2>&1 && printf '%s' "$src_stamp" >"$ROOT$VENV/.src-ok"; }; } \
   || { say "FAIL venv: offline pip install inside the root failed (log: $DIR/pip.log)"; exit 1; }
 say "PASS venv $VENV (aarch64, offline): $(inroot "$VENV/bin/python" -m pip list --format=freeze 2>/dev/null \
   | grep -iE '^(numpy|onnxruntime|tokenizers|jinja2|click|specdec-edge)==' | tr '\n' ' ')"
@@ -176,8 +187,8 @@ names=(tiny)
 for name in "${names[@]}"; do
   stage_start "$name"
   b=$BUNDLES/$name
-  inroot "$VENV/bin/python" /srv/check/arm64_inside.py "$b" "$name" "$b.host.json" "/srv/check/$name.result.json" \
-    "$MAX_NEW" 2>"$DIR/logs/$name.inside.stderr.txt" || failures=$((failures + 1))
+  inroot SPECDEC_ARM64_THREADS="$THREADS" "$VENV/bin/python" /srv/check/arm64_inside.py "$b" "$name" "$b.host.json" \
+    "/srv/check/$name.result.json" "$MAX_NEW" 2>"$DIR/logs/$name.inside.stderr.txt" || failures=$((failures + 1))
   grep -vE 'cpuinfo|measuring step costs|measured in' "$DIR/logs/$name.inside.stderr.txt" | tail -5
   grep -q 'cpuinfo_initialize failed' "$DIR/logs/$name.inside.stderr.txt" \
     && say "NOTE $name: ONNX Runtime warned 'cpuinfo_initialize failed' (no /sys in the root; its kernels come from the CPU's hwcaps)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import sys
 import time
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from arm64_prompts import MAX_NEW_TOKENS, PROMPTS  # noqa: E402
 
-THREADS = 2
+THREADS = int(os.environ.get("SPECDEC_ARM64_THREADS", "2"))  # arm64_check.sh --threads
 
 
 def cpu_features() -> str:
