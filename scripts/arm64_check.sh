@@ -22,8 +22,8 @@
 # --no-real: only the tiny bundles (the real model's checks take most of the time under emulation).
 # --only NAMES: only these bundles, comma-separated (tiny, smollm2-gguf, smollm2-fp32-eagle).
 # --setup-only: make the root, the venv and the bundles, run nothing.
-# --threads N: ONNX Runtime threads of the checks' pipelines (default 2); two runs with --only and --threads 1
-#   side by side share the 2 cores better than one run at 2 threads (each emulated thread is a host thread).
+# --threads N: ONNX Runtime threads of the checks' pipelines (default 2); two runs with different --only and
+#   --threads 1 run side by side, one host core each (each emulated thread is a host thread).
 # --cpu MODEL: the CPU qemu emulates (QEMU_CPU; default max: every feature qemu has, SVE, i8mm, bf16 included);
 #   neoverse-n1 or cortex-a76 come closest to a Jetson Orin's Cortex-A78AE (ARMv8.2 with dotprod, no SVE, no
 #   i8mm), so ONNX Runtime picks the kernels it would pick there. `qemu-aarch64-static -cpu help` lists them.
