@@ -151,10 +151,8 @@ def export(
 
 def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
     """Whether this export takes an existing .gguf file to fp32 only because no --dtype was given."""
-    from pathlib import Path
-
     default = ctx.get_parameter_source("dtype") is click.core.ParameterSource.DEFAULT
-    return default and target.lower().endswith(".gguf") and Path(target).is_file()
+    return default and target.lower().endswith(".gguf") and os.path.isfile(target)
 
 
 @main.command("train-draft", context_settings=CONTEXT)

@@ -124,6 +124,12 @@ def long_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def long_plain(long_bundle):
+    """Plain greedy decoding of the long bundle in this process: what the slow server must answer."""
+    return Pipeline.load(long_bundle, method="plain", threads=1)
+
+
+@pytest.fixture(scope="module")
 def slow(long_bundle, tmp_path_factory):
     """The long bundle, plain decoding, one waiting request at most, a 3-second timeout."""
     log = tmp_path_factory.mktemp("serve") / "slow.log"
@@ -173,6 +179,14 @@ def ask(client, model, prompt, *, kind, stream, **kw):
     return text, finish, usage, stats
 
 
+FINISH = {"eos": "stop", "length": "length"}  # GenerationResult.finish_reason -> the API's finish_reason
+
+
+def counted(result) -> int:
+    """The usage's completion_tokens of a request answered ``result``: its tokens and a final eos."""
+    return len(result.token_ids) + (result.finish_reason == "eos")
+
+
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_greedy_answers_equal_pipeline_generate(served, pipe, kind, stream):
@@ -183,9 +197,9 @@ def test_greedy_answers_equal_pipeline_generate(served, pipe, kind, stream):
             client, served.model, prompt, kind=kind, stream=stream, max_tokens=40, temperature=0
         )
         assert text == expected.text
-        assert finish == {"eos": "stop", "length": "length"}[expected.finish_reason]
+        assert finish == FINISH[expected.finish_reason]
         assert usage.prompt_tokens == expected.stats.prompt_tokens
-        assert usage.completion_tokens == len(expected.token_ids) + (expected.finish_reason == "eos")
+        assert usage.completion_tokens == counted(expected)
         assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
         assert stats["method"] == "draft" and stats["target_passes"] >= 1
         assert stats["tokens_per_pass"] == pytest.approx(expected.stats.tokens_per_pass, abs=1e-3)
@@ -398,29 +412,24 @@ def test_the_worker_survives_any_exception_of_a_request(pipe):
         worker.close()
 
 
-def test_base_model_without_chat_template(slow, long_bundle):
+def test_base_model_without_chat_template(slow, long_plain):
     r = slow.post("/v1/chat/completions", {"model": slow.model, "messages": chat("hi"), "max_tokens": 4})
     assert r.status_code == 400 and "/v1/completions" in r.json()["error"]["message"]
     r = slow.post("/v1/completions", {"model": slow.model, "prompt": "The quick", "max_tokens": 4, "temperature": 0})
     # the answer is this machine's own plain greedy decoding of the same bundle: the random-weight model may
     # end early with its eos (token_ids leave it out); unseeded sampling (the API's default) once did on CI
-    expected = Pipeline.load(long_bundle, method="plain", threads=1).generate("The quick", 4, reuse=False)
+    expected = long_plain.generate("The quick", 4, reuse=False)
     body = r.json()
     assert r.status_code == 200 and body["usage"]["completion_tokens"] == counted(expected), body
     assert body["choices"][0]["text"] == expected.text
-    assert body["choices"][0]["finish_reason"] == {"length": "length", "eos": "stop"}[expected.finish_reason]
+    assert body["choices"][0]["finish_reason"] == FINISH[expected.finish_reason]
 
 
-def counted(result) -> int:
-    """The usage's completion_tokens of a request answered ``result``: its tokens and a final eos."""
-    return len(result.token_ids) + (result.finish_reason == "eos")
-
-
-def test_disconnect_cancels_and_a_full_queue_answers_429(slow, long_bundle):
+def test_disconnect_cancels_and_a_full_queue_answers_429(slow, long_plain):
     """A long stream runs; one request waits; a third gets 429. Closing the stream cancels its
     generation (far fewer than LONG tokens made) and the waiting request runs."""
     client = slow.client()
-    short_tokens = counted(Pipeline.load(long_bundle, method="plain", threads=1).generate("Hi", 5, reuse=False))
+    short_tokens = counted(long_plain.generate("Hi", 5, reuse=False))
     before = slow.metrics()
     stream = client.completions.create(
         model=slow.model, prompt="The quick brown fox", max_tokens=LONG, temperature=0, stream=True
