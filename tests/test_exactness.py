@@ -410,3 +410,43 @@ def test_a_verdict_with_malformed_residues_is_refused():
     for residues in ([1], {"2": "1"}, {"two": [1]}, {"2": [-1]}):
         with pytest.raises(ValueError, match="bad_residues"):
             Verdict.from_json({**INVARIANT.to_json(), "details": {"bad_residues": residues}})
+
+
+# ---- plain decoding's rows computed once per distinct input (cheaper verdicts, the same comparison)
+
+
+class KvByWidthEngine(OrtEngine):
+    """The real engine, except that a chain pass of three rows writes its first row's K/V a little off: the rows it
+    computes are right, but plain decoding's next row after that K/V is not what the pass computed for it."""
+
+    def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None):
+        past, seq = self.length, len(np.asarray(input_ids).reshape(-1))
+        out = super().run(input_ids, position_ids, attention_bias, logits_to_keep)
+        if seq == 3 and position_ids is None:
+            self.cache[..., past, :] += 0.25
+        return out
+
+
+def test_rows_shared_between_widths_are_keyed_by_the_kv_they_follow(tiny_bundle):
+    from specdec_edge.runtime.verdicts import _chain_rows_match, _Probe
+
+    graph = read_manifest(tiny_bundle).target.graph
+    measured = measure(KvByWidthEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1)))
+    # width 3's rows after its own K/V are checked against plain rows computed after that K/V: they differ
+    assert 3 in measured["failed_widths"] and measured["max_width"] == 2, measured
+    clean = measure(OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1)))
+    assert clean["max_width"] > 2 and clean["failed_widths"] == []
+
+    def plain_rows_computed(engine) -> int:  # chains of 2 and 3 rows after 20 slots, sharing what they can
+        probe = _Probe(engine, seed=1)
+        chain, known, calls = probe.fill(24)[20:23], {}, []
+        canonical = probe.canonical
+        probe.canonical = lambda past, token: calls.append(past) or canonical(past, token)
+        assert _chain_rows_match(probe, 20, chain[:2], known)[0]
+        ok = _chain_rows_match(probe, 20, chain[:3], known)[0]
+        return len(calls), ok
+
+    # the clean engine: rows 0 and 1 of width 3 are width 2's (same token, same K/V before them), row 2 is new
+    assert plain_rows_computed(OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))) == (3, True)
+    # width 3 wrote other K/V for its row 0: its row 1 is computed again, and then differs
+    assert plain_rows_computed(KvByWidthEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))) == (4, False)

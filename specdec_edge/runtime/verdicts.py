@@ -121,22 +121,44 @@ class _Probe:
         return self.run(past, [token])[0]
 
 
-def _chain_rows_match(probe: _Probe, past: int, tokens: np.ndarray) -> tuple[bool, float]:
+def _chain_rows_match(probe: _Probe, past: int, tokens: np.ndarray, known: dict | None = None) -> tuple[bool, float]:
     """Every row of one chain pass (of a wide pass, a few rows) against plain decoding's row for it, given the
-    same earlier slots (this pass's own K/V of the rows before it)."""
+    same earlier slots (this pass's own K/V of the rows before it).
+
+    ``known`` (one dict per ``past``, shared by the passes after it): plain decoding's rows already computed, keyed
+    by what they are computed from (the row, its token and, where the cache is host memory, the bits of the K/V
+    this pass wrote before it), so that passes of several widths over the same tokens compute each once. A row
+    whose earlier K/V differ between two widths is computed for each: the comparison stays the same."""
     rows = probe.run(past, tokens)
     engine = probe.engine
     width = len(tokens)
     checked = {0, 1, width // 2, width - 1} & set(range(width))
     ok, worst = True, 0.0
     for j in sorted(checked, reverse=True):  # a plain pass at past+j overwrites slots from past+j on only
-        engine.rollback(past)
-        engine.commit(j)
-        want = probe.canonical(past + j, int(tokens[j]))
+        key = _row_inputs(engine, past, j, int(tokens[j])) if known is not None else None
+        if key is not None and key in known:
+            want = known[key]
+        else:
+            engine.rollback(past)
+            engine.commit(j)
+            want = probe.canonical(past + j, int(tokens[j]))
+            if key is not None:
+                known[key] = want
         ok &= bool(np.array_equal(rows[j], want))
         worst = max(worst, float(np.abs(rows[j] - want).max()))
     engine.rollback(past)
     return ok, worst
+
+
+def _row_inputs(engine: Engine, past: int, j: int, token: int) -> tuple | None:
+    """What plain decoding's row for ``token`` after ``past + j`` slots depends on beyond the first ``past`` (the
+    same context for every pass after ``past``): the K/V of slots past .. past+j-1, by their bits. None where those
+    cannot be read cheaply (a device cache) and j > 0."""
+    if j == 0:
+        return (0, token, b"")
+    if not _host_cache(engine):
+        return None
+    return (j, token, hashlib.sha256(engine.cache[..., past : past + j, :].tobytes()).digest())
 
 
 def _tree_rows_match(probe: _Probe, past: int, parents: list[int]) -> tuple[bool, float]:
@@ -267,8 +289,9 @@ def _bad_residues(probe: _Probe, max_width: int) -> tuple[dict[int, list[int]], 
     seen: dict[int, tuple[set, set]] = {w: (set(), set()) for w in range(2, top + 1)}
     for past, pending in _descending(probe, lengths):
         limit = min(engine.max_rows(past) or top, top)
+        chain, known = np.array([pending, *probe.tokens(top - 1)]), {}  # every width: a prefix of one chain
         for width in range(2, limit + 1):
-            ok, _ = _chain_rows_match(probe, past, np.array([pending, *probe.tokens(width - 1)]))
+            ok, _ = _chain_rows_match(probe, past, chain[:width], known)
             if not ok:
                 seen[width][(past - RESIDUE_FROM) // RESIDUE_PERIOD].add(past % RESIDUE_PERIOD)
     regular = 1
@@ -320,8 +343,9 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
     failed, worst_multi = set(), 0.0  # the chain widths that failed anywhere
     for past, pending in _descending(probe, cases):
         limit = engine.max_rows(past) or engine.capacity
+        chain, known = np.array([pending, *probe.tokens(max(cases[past + 1]) - 1)]), {}
         for width in cases[past + 1]:
-            ok, worst = _chain_rows_match(probe, past, np.array([pending, *probe.tokens(min(width, limit) - 1)]))
+            ok, worst = _chain_rows_match(probe, past, chain[: min(width, limit)], known)
             failed |= set() if ok else {width}
             worst_multi = max(worst_multi, worst)
     # the widest pass that matched, with every narrower width measured matching too (wider ones are cut to it)
