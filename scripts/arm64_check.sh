@@ -22,7 +22,8 @@
 # --no-real: only the tiny bundles (the real model's checks take most of the time under emulation).
 # --only NAMES: only these bundles, comma-separated (tiny, smollm2-gguf, smollm2-fp32-eagle).
 # --setup-only: make the root, the venv and the bundles, run nothing.
-# --threads N: ONNX Runtime threads of the checks' pipelines (default 2); two runs with different --only and
+# --threads N: ONNX Runtime threads of the checks' pipelines, generate and chat (default 2: one verdict is measured
+#   per thread setting, so all of them use this one); two runs with different --only and
 #   --threads 1 run side by side, one host core each (each emulated thread is a host thread).
 # --cpu MODEL: the CPU qemu emulates (QEMU_CPU; default max: every feature qemu has, SVE, i8mm, bf16 included);
 #   neoverse-n1 or cortex-a76 come closest to a Jetson Orin's Cortex-A78AE (ARMv8.2 with dotprod, no SVE, no
@@ -202,8 +203,8 @@ for name in "${names[@]}"; do
   fi
   inroot "$VENV/bin/python" /srv/check/arm64_inside.py --verdicts "$name" "/srv/check/$name.info.json" \
     2>>"$DIR/logs/$name.inside.stderr.txt" || failures=$((failures + 1))
-  check "$name generate" specdec-edge generate "$b" --prompt "The quick brown fox" --max-new-tokens 16 --threads 2 --json
-  check "$name chat" sh -c "printf 'Say hello.\n/stats\n/exit\n' | specdec-edge chat '$b' --max-new-tokens 16 --threads 2"
+  check "$name generate" specdec-edge generate "$b" --prompt "The quick brown fox" --max-new-tokens 16 --threads "$THREADS" --json
+  check "$name chat" sh -c "printf 'Say hello.\n/stats\n/exit\n' | specdec-edge chat '$b' --max-new-tokens 16 --threads $THREADS"
   stage_end
 done
 cp "$ROOT"/srv/check/*.result.json "$DIR/logs/" 2>/dev/null
