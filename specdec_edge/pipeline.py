@@ -175,8 +175,8 @@ class Pipeline:
         """Compute the KV cache of ``prompt`` (text, or chat messages through the template: e.g. a long system
         prompt) and write it to ``path`` (atomically), keyed by this bundle and the prompt's token ids, so that
         ``load_prefix`` makes a later process start with it: a call whose prompt starts with it prefills only the
-        rest. Messages are rendered without the assistant's turn start, as they begin a longer conversation. The
-        cpu backend only (the cache must be host memory)."""
+        rest. Messages are rendered without the assistant's turn start, as they begin a longer conversation.
+        Providers cpu, cuda and tensorrt (engines that take KV snapshots: ``Engine.can_snapshot``)."""
         if self.closed:
             raise closed_error()
         ids = self.encode(prompt)  # the checks; messages again without the generation prompt

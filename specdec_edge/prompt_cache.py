@@ -14,8 +14,10 @@ the used prefix of every layer's K/V (target and draft) and the target's feature
    (docs/PERFORMANCE.md has the figures).
 
 Proposer state that is not stored (EAGLE head slots, prompt lookup's index, lookahead's pool) is rebuilt by the
-proposers from their own records (``Proposer.prefill``'s ``kept``). Snapshots need a host cache (the ``cpu``
-backend); on GPU backends the store stays empty and reuse keeps the live context only.
+proposers from their own records (``Proposer.prefill``'s ``kept``). Snapshots need an engine that can copy its
+slots to the host (``Engine.can_snapshot``): the ``cpu`` backend, and ONNX Runtime's ``cuda``/``tensorrt`` EPs (two
+tiny graphs move only the used slots, ``ort_gpu_engine``); with the ``trt``/``trt-rtx`` engines the store stays
+empty and reuse keeps the live context only.
 
 ``save_prefix``/``load_prefix``: one snapshot in a file, keyed by the bundle's manifest digest and the token ids:
 a magic line, a JSON header (format, digest, tokens, each array's dtype, shape and sha256) and the raw arrays.
@@ -227,7 +229,10 @@ def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
         raise SpecdecError("these engines were opened by hand: there is no bundle to key a prefix file by; open the "
                            "bundle with Pipeline.load(...).")  # fmt: skip
     if not engines.target.can_snapshot:
-        raise SpecdecError("prefix files need the cpu backend (this target's KV cache is in device memory).")
+        raise SpecdecError(
+            f"prefix files need KV snapshots, which {type(engines.target).__name__} does not take; use provider cpu, "
+            "cuda or tensorrt."
+        )
     with holding(engines.lease):
         prefill(engine, ids, kept=engine.reusable(ids))
         if engines.draft is not None:

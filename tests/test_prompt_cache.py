@@ -79,6 +79,34 @@ def test_restore_keeps_every_method_equal_to_plain(request, fixture, method):
     base.close()
 
 
+@pytest.mark.parametrize("ping_pong", [False, True])
+def test_gpu_engines_take_snapshots_through_their_slot_graphs(tiny_bundle, plain, ping_pong):
+    """The CUDA/TensorRT EP engine's code on the CPU (its device cache an OrtValue; ping-pong: two slabs, as on
+    the TensorRT EP): snapshots and restores go through its read/write graphs and switching back restores."""
+    from specdec_edge.bundle import read_manifest
+    from specdec_edge.engines import Engines
+    from specdec_edge.runtime.base import GpuOptions
+    from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
+
+    graph = read_manifest(tiny_bundle).target.graph
+    engine = OrtGpuEngine(
+        tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(pad_to=4),
+        ping_pong=ping_pong,
+    )  # fmt: skip
+    assert engine.can_snapshot and not isinstance(engine.cache, np.ndarray)
+    engines = Engines(engine, verdict=plain.verdict, prompt_cache=PromptCache(64 * 2**20))
+    pipe = Pipeline(plain.tokenizer, engines, "plain")
+    want = [pipe.generate(doc, max_new_tokens=16, reuse=False) for doc in (DOC_A, DOC_B)]
+    a_kv = pipe.generate(DOC_A, max_new_tokens=16, reuse=False) and engine.snapshot()
+    got = switch(pipe)
+    assert [r.token_ids for r in got] == [want[0].token_ids, want[1].token_ids, want[0].token_ids]
+    assert got[2].stats.restored_tokens > len(pipe.encode(DOC_A)) // 2 and got[2].stats.prefilled_tokens == 0
+    n = len(pipe.encode(DOC_A)) - 1  # the restored prompt slots hold a fresh prefill's bits
+    np.testing.assert_array_equal(engine.snapshot()[..., :n, :], a_kv[..., :n, :])
+    with pytest.raises(SpecdecError, match="does not fit"):
+        engine.restore(a_kv[:, :1], pipe.encode(DOC_A)[:4])
+
+
 def test_a_small_limit_holds_what_fits(tiny_bundle, plain):
     per_token = plain.target.cache[..., :1, :].nbytes + 8
     sizes = sorted(per_token * (len(plain.encode(doc)) + 15) / 2**20 for doc in (DOC_A, DOC_B))  # MB: prompt, answer

@@ -284,33 +284,50 @@ class Engine(ABC):
         if self.held is not None:
             del self.held[length:]
 
+    def kv_layout(self) -> tuple[tuple, np.dtype] | None:
+        """What ``snapshot`` returns and ``restore`` takes: the K/V shape without the slot axis (``[layers, 2, 1,
+        kv_heads, head_dim]``) and dtype; None where this engine takes no snapshots. Here: a host-memory cache."""
+        cache = getattr(self, "cache", None)
+        if not isinstance(cache, np.ndarray):
+            return None
+        return (*cache.shape[:4], cache.shape[-1]), cache.dtype
+
     @property
     def can_snapshot(self) -> bool:
-        """Whether ``snapshot``/``restore`` work here: the cache is host memory (the ``cpu`` backend)."""
-        return isinstance(getattr(self, "cache", None), np.ndarray)
+        """Whether ``snapshot``/``restore`` work here (``kv_layout``): the cpu backend, ONNX Runtime's GPU EPs."""
+        return self.kv_layout() is not None
 
     def snapshot(self) -> np.ndarray:
         """A host copy of the committed slots' K/V: [layers, 2, 1, kv_heads, length, head_dim] (``held`` names them)."""
         if not self.can_snapshot:
-            raise SpecdecError(f"{type(self).__name__} keeps its KV cache in device memory: it takes no snapshots.")
-        return self.cache[..., : self.length, :].copy()
+            raise SpecdecError(f"{type(self).__name__} takes no KV snapshots (its cache cannot be copied to the host).")
+        return self._read_slots(self.length)
 
     def restore(self, kv: np.ndarray, tokens, start: int = 0) -> None:
         """Make the cache hold ``tokens`` (n of them) from ``kv`` (a ``snapshot`` of them, or a longer one), copying
         slots ``start``..n-1 only (the first ``start`` must hold ``tokens[:start]`` already, see ``reusable``)."""
         n = len(tokens)
-        cache = self.cache if self.can_snapshot else None
-        want = None if cache is None else (*cache.shape[:4], cache.shape[-1])
-        if cache is None or kv.dtype != cache.dtype or (*kv.shape[:4], kv.shape[-1]) != want or kv.shape[4] < n:
+        layout = self.kv_layout()
+        if layout is None or kv.dtype != layout[1] or (*kv.shape[:4], kv.shape[-1]) != layout[0] or kv.shape[4] < n:
+            where = "no snapshots" if layout is None else f"{layout[0]} {layout[1]}"
             raise SpecdecError(
                 f"a KV snapshot of shape {kv.shape} ({kv.dtype}) does not fit this {type(self).__name__}'s cache "
-                f"({'device memory' if cache is None else f'{want} {cache.dtype}'}); it was made for another graph."
+                f"({where}); it was made for another graph."
             )
         if n > self.capacity or not 0 <= start <= min(n, self.length):
             raise SpecdecError(f"cannot restore {n} slots after {start} into a cache of {self.capacity}.")
-        cache[..., start:n, :] = kv[..., start:n, :]
+        if n > start:
+            self._write_slots(kv, start, n)
         self.length, self._ran = n, None
         self.held = [int(t) for t in tokens]
+
+    def _read_slots(self, n: int) -> np.ndarray:
+        """A host copy of slots 0..n-1 (engines whose cache is not a host array override this and ``_write_slots``)."""
+        return self.cache[..., :n, :].copy()
+
+    def _write_slots(self, kv: np.ndarray, start: int, n: int) -> None:
+        """Slots start..n-1 of the cache from ``kv``'s."""
+        self.cache[..., start:n, :] = kv[..., start:n, :]
 
     def reusable(self, tokens) -> int:
         """How many leading ``tokens`` the committed slots hold now (``held``): a call after them may roll back

@@ -16,7 +16,9 @@ only token ids, position ids and the attention bias go to the device, and only t
 Compaction after a tree step (``commit(n, path)``) runs a tiny ONNX graph on the same
 provider -- Gather the chosen slots, ScatterElements them to ``length..length+n-1``, in place
 on the cache slab -- so the cache never crosses to the host. ONNX Runtime's Python API has no
-device-to-device slice copy, and a graph keeps it one launch for all layers. The graph is
+device-to-device slice copy, and a graph keeps it one launch for all layers. Snapshots for the
+prompt cache (``snapshot``/``restore``) are two more such graphs: Gather the used slots into a
+host output, ScatterElements host K/V into slots in place; only those slots cross. The graphs are
 written as protobuf bytes here, so the light runtime needs no ``onnx`` package.
 
 Padding (``pad_to``, default 32 on the GPU): every pass narrower than ``pad_to`` is padded to
@@ -89,25 +91,57 @@ def _node(op: str, inputs: list[str], outputs: list[str], **ints) -> bytes:
     return b"".join(_field(1, i) for i in inputs) + b"".join(_field(2, o) for o in outputs) + _field(4, op) + attrs
 
 
+CACHE_DIMS = ["layers", "kv", "batch", "heads", "capacity", "head_dim"]
+
+
+def _model(name: str, nodes: list[bytes], inputs: list[bytes], outputs: list[bytes]) -> bytes:
+    graph = b"".join(_field(1, n) for n in nodes) + _field(2, name)
+    graph += b"".join(_field(11, i) for i in inputs) + b"".join(_field(12, o) for o in outputs)
+    return _field(1, 8) + _field(7, graph) + _field(8, _field(1, "") + _field(2, 17))  # ir 8, opset 17
+
+
+def _elem(cache_dtype: str) -> int:
+    return ONNX_FLOAT16 if cache_dtype == "float16" else ONNX_FLOAT
+
+
 def compaction_model(cache_dtype: str) -> bytes:
     """ONNX bytes: ``cache_out = cache`` with slots ``dst`` set to the old slots ``src`` (axis 4).
 
     Inputs: ``cache`` [slab shape, rank 6], ``src`` int64 [n], ``dst`` int64 [1,1,1,1,n,1].
     Bind ``cache`` and ``cache_out`` to the same memory to move K/V in place.
     """
-    elem = ONNX_FLOAT16 if cache_dtype == "float16" else ONNX_FLOAT
-    dims = ["layers", "kv", "batch", "heads", "capacity", "head_dim"]
+    elem = _elem(cache_dtype)
     nodes = [
         _node("Gather", ["cache", "src"], ["moved"], axis=4),
         _node("Shape", ["moved"], ["moved_shape"]),
         _node("Expand", ["dst", "moved_shape"], ["index"]),
         _node("ScatterElements", ["cache", "index", "moved"], ["cache_out"], axis=4),
     ]
-    graph = b"".join(_field(1, n) for n in nodes) + _field(2, "kv_compact")
-    graph += _field(11, _tensor_info("cache", elem, dims)) + _field(11, _tensor_info("src", ONNX_INT64, ["n"]))
-    graph += _field(11, _tensor_info("dst", ONNX_INT64, ["1", "1", "1", "1", "n", "1"]))
-    graph += _field(12, _tensor_info("cache_out", elem, dims))
-    return _field(1, 8) + _field(7, graph) + _field(8, _field(1, "") + _field(2, 17))  # ir 8, opset 17
+    inputs = [_tensor_info("cache", elem, CACHE_DIMS), _tensor_info("src", ONNX_INT64, ["n"])]
+    inputs.append(_tensor_info("dst", ONNX_INT64, ["1", "1", "1", "1", "n", "1"]))
+    return _model("kv_compact", nodes, inputs, [_tensor_info("cache_out", elem, CACHE_DIMS)])
+
+
+def read_slots_model(cache_dtype: str) -> bytes:
+    """ONNX bytes: ``kv`` = the slots ``src`` of ``cache`` (axis 4), for a host copy of them (a snapshot)."""
+    elem = _elem(cache_dtype)
+    inputs = [_tensor_info("cache", elem, CACHE_DIMS), _tensor_info("src", ONNX_INT64, ["n"])]
+    out = _tensor_info("kv", elem, ["layers", "kv", "batch", "heads", "n", "head_dim"])
+    return _model("kv_read", [_node("Gather", ["cache", "src"], ["kv"], axis=4)], inputs, [out])
+
+
+def write_slots_model(cache_dtype: str) -> bytes:
+    """ONNX bytes: ``cache_out = cache`` with slots ``dst`` set to ``kv``'s (axis 4): a snapshot restored, in place
+    when ``cache`` and ``cache_out`` are bound to the same memory."""
+    elem = _elem(cache_dtype)
+    nodes = [
+        _node("Shape", ["kv"], ["kv_shape"]),
+        _node("Expand", ["dst", "kv_shape"], ["index"]),
+        _node("ScatterElements", ["cache", "index", "kv"], ["cache_out"], axis=4),
+    ]
+    inputs = [_tensor_info("cache", elem, CACHE_DIMS), _tensor_info("dst", ONNX_INT64, ["1", "1", "1", "1", "n", "1"])]
+    inputs.append(_tensor_info("kv", elem, ["layers", "kv", "batch", "heads", "n", "head_dim"]))
+    return _model("kv_write", nodes, inputs, [_tensor_info("cache_out", elem, CACHE_DIMS)])
 
 
 class OrtGpuEngine(Engine):
@@ -146,9 +180,10 @@ class OrtGpuEngine(Engine):
         if cuda_graph:
             provider_options = {**(provider_options or {}), "enable_cuda_graph": "1"}
         self.session = create_session(model_path, session_options(threads, share_process), provider, provider_options)
-        self._compactor = create_session(
-            compaction_model(graph.cache.dtype), session_options(1, True), "cpu" if provider == "cpu" else "cuda"
-        )
+        small = session_options(1, True), "cpu" if provider == "cpu" else "cuda"  # the cache's own device
+        self._compactor = create_session(compaction_model(graph.cache.dtype), *small)
+        self._reader = create_session(read_slots_model(graph.cache.dtype), *small)
+        self._writer = create_session(write_slots_model(graph.cache.dtype), *small)
         spec = graph.cache
         self.capacity = spec.capacity
         self.length = 0
@@ -253,12 +288,36 @@ class OrtGpuEngine(Engine):
             None if layers is None else layers[0, :seq],
         )
 
-    def _compact(self, path: np.ndarray) -> None:
-        src, dst = self.length + path, self.length + np.arange(len(path), dtype=np.int64)
-        binding = self._compactor.io_binding()
+    def kv_layout(self) -> tuple[tuple, np.dtype]:
+        """Snapshots are host copies of the slots (``read_slots_model``), restored by ``write_slots_model``."""
+        shape = self._slab_shape
+        return (*shape[:4], shape[-1]), np.dtype(self._dtype)
+
+    def _slab_binding(self, session: ort.InferenceSession, output: str | None) -> ort.IOBinding:
+        """A binding of ``session`` with ``cache`` (and ``output``, the same memory) on the current slab."""
+        binding = session.io_binding()
         pointer = self.cache.data_ptr() + self._current * self._slab_bytes
         binding.bind_input("cache", self.device, 0, self._dtype, self._slab_shape, pointer)
-        binding.bind_output("cache_out", self.device, 0, self._dtype, self._slab_shape, pointer)
+        if output is not None:
+            binding.bind_output(output, self.device, 0, self._dtype, self._slab_shape, pointer)
+        return binding
+
+    def _read_slots(self, n: int) -> np.ndarray:
+        binding = self._slab_binding(self._reader, None)
+        binding.bind_cpu_input("src", np.arange(n, dtype=np.int64))
+        binding.bind_output("kv", "cpu")  # ONNX Runtime copies the n slots to the host
+        self._reader.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()[0]
+
+    def _write_slots(self, kv: np.ndarray, start: int, n: int) -> None:
+        binding = self._slab_binding(self._writer, "cache_out")
+        binding.bind_cpu_input("dst", np.arange(start, n, dtype=np.int64).reshape(1, 1, 1, 1, -1, 1))
+        binding.bind_cpu_input("kv", np.ascontiguousarray(kv[..., start:n, :]))
+        self._writer.run_with_iobinding(binding)
+
+    def _compact(self, path: np.ndarray) -> None:
+        src, dst = self.length + path, self.length + np.arange(len(path), dtype=np.int64)
+        binding = self._slab_binding(self._compactor, "cache_out")
         binding.bind_cpu_input("src", src)
         binding.bind_cpu_input("dst", dst.reshape(1, 1, 1, 1, -1, 1))
         self._compactor.run_with_iobinding(binding)
