@@ -43,6 +43,17 @@ def test_cuda_speculative_equals_plain(which, ort_fp16_bundle, portable_bundle):
             assert spec.generate(prompt, max_new_tokens=32).token_ids == want
 
 
+@pytest.mark.gpu
+def test_cuda_prompt_cache_restores_a_context_from_host_memory(ort_fp16_bundle):
+    """The CUDA EP's device cache snapshotted to the host and restored (its slot graphs on the GPU)."""
+    pipe = Pipeline.load(ort_fp16_bundle, provider="cuda", method="plain", prompt_cache_mb=64)
+    docs = ["The quick brown fox jumps over the lazy dog. " * 6, "Speculative decoding verifies tokens. " * 6]
+    want = [pipe.generate(d, max_new_tokens=16, reuse=False).token_ids for d in docs]
+    got = [pipe.generate(d, max_new_tokens=16) for d in (*docs, docs[0])]
+    assert [g.token_ids for g in got] == [*want, want[0]]
+    assert pipe.target.can_snapshot and got[2].stats.restored_tokens > 0
+
+
 @pytest.mark.trt
 @pytest.mark.parametrize("provider", ["trt", "tensorrt"])
 def test_tensorrt_engines_build_load_and_are_exact(provider, tmp_path, portable_bundle):
