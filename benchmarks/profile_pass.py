@@ -2,6 +2,7 @@
 
 Usage:
   python benchmarks/profile_pass.py BUNDLE [BUNDLE ...] --contexts 256 1500 --widths 1 2 5 8 --prefill 256
+  python benchmarks/profile_pass.py BUNDLE --genai /tmp/peer-models/genai-int4   # and onnxruntime-genai's graph
 
 For each bundle and context, the cache is filled by a real chunked prefill of random tokens, then passes of
 each width S (and one prefill chunk of ``--prefill`` tokens) run ``--repeats`` times after 2 warm-ups through
@@ -11,6 +12,11 @@ is rolled back. The profile's kernel times are assigned to the pass whose ``mode
 Prints Markdown tables: ms per pass by op type in the timed pass with the least wall time (load only adds),
 the whole pass (least and median wall of ``model_run``), and by part of the graph (the decoder layers, the LM
 head, the rest).
+
+``--genai DIR``: also an onnxruntime-genai model folder (``benchmarks/peers.py`` builds one: ``genai_model``), its
+``model.onnx`` run the way onnxruntime-genai's CPU path runs it (no shared buffer: each pass reads the past K/V and
+returns the presents, past + S slots; one-row passes unpadded), the same contexts, widths and chunk, with its own
+node names split into layers / LM head / rest.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import onnx
 import specdec_edge.runtime.ort_engine as ort_engine
 from specdec_edge.bundle import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
-from specdec_edge.runtime.threads import CpuThreads
+from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 
 LAYER_REF = re.compile(r"(?:model\.layers|past_key_values)\.(\d+)\.")
 NODE_NAME = re.compile(r"n_[A-Za-z]+_\d+")  # export/graph.py's node names; fused nodes keep one of them
@@ -117,7 +123,64 @@ def profile_bundle(bundle: Path, args) -> dict:
                     labels.append((ctx, label) if i >= 2 else None)
         profile = engine.session.end_profiling()
         events = json.loads(Path(profile).read_text())
-    runs = passes(events)
+    return breakdown(passes(events), labels, lambda name: part_of(name, parts))
+
+
+def genai_part(name: str) -> str:
+    """onnxruntime-genai builder node names: /model/layers.N/... (layers.<last>/final_norm is the LM head's norm)."""
+    if "/lm_head/" in name or "final_norm" in name:
+        return "lm_head"
+    return "layers" if "/model/layers." in name else "other"
+
+
+def profile_genai(folder: Path, args) -> tuple[dict, int]:
+    """``profile_bundle`` for an onnxruntime-genai model folder (module docstring); also its node count."""
+    import onnxruntime as ort
+
+    config = json.loads((folder / "genai_config.json").read_text())["model"]
+    dec = config["decoder"]
+    layers, kv_heads, head = dec["num_hidden_layers"], dec["num_key_value_heads"], dec["head_size"]
+    names = dec["inputs"], dec["outputs"]
+    opts = cpu_session_options(CpuThreads(args.threads))  # our engines' pool and options: the same threads
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        opts.enable_profiling, opts.profile_file_prefix = True, str(Path(tmp) / "g")
+        session = ort.InferenceSession(str(folder / dec["filename"]), opts, providers=["CPUExecutionProvider"])
+
+        def run(ids, past: list[np.ndarray]) -> list[np.ndarray]:
+            n = past[0].shape[2] + len(ids)
+            feed = {
+                names[0]["input_ids"]: np.asarray(ids, np.int64)[None],
+                names[0]["attention_mask"]: np.ones((1, n), np.int64),
+            }
+            for i in range(layers):
+                feed[names[0]["past_key_names"] % i], feed[names[0]["past_value_names"] % i] = (
+                    past[2 * i],
+                    past[2 * i + 1],
+                )
+            return session.run(None, feed)[1:]  # the presents, in output order (key, value per layer)
+
+        labels = []
+        for ctx in args.contexts:
+            past = [np.zeros((1, kv_heads, 0, head), np.float32)] * (2 * layers)
+            for start in range(0, ctx, 256):
+                past = run(rng.integers(0, config["vocab_size"], min(256, ctx - start)), past)
+                labels.append(None)
+            cases = [(f"S={s}", s) for s in args.widths] + (
+                [(f"P{args.prefill}", args.prefill)] if args.prefill else []
+            )
+            for label, width in cases:
+                ids = rng.integers(0, config["vocab_size"], width)
+                for i in range(args.repeats + 2):
+                    run(ids, past)
+                    labels.append((ctx, label) if i >= 2 else None)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    nodes = len(onnx.load(str(folder / dec["filename"]), load_external_data=False).graph.node)
+    return breakdown(passes(events), labels, genai_part), nodes
+
+
+def breakdown(runs: list, labels: list, part) -> dict:
+    """Per (context, label): the wall times and, for the least pass, ms by op type and by ``part(node name)``."""
     if len(runs) != len(labels):
         raise RuntimeError(f"{len(runs)} runs profiled, {len(labels)} made")
     acc = defaultdict(lambda: {"wall": [], "ops": {}, "parts": {}})
@@ -133,14 +196,35 @@ def profile_bundle(bundle: Path, args) -> dict:
         for k in kernels:
             ms = k["dur"] / 1000
             ops[k["args"].get("op_name", "?")] += ms
-            where[part_of(k["name"].removesuffix("_kernel_time"), parts)] += ms
+            where[part(k["name"].removesuffix("_kernel_time"))] += ms
         a["ops"], a["parts"] = dict(ops), dict(where)
     return acc
 
 
+def print_table(title: str, acc: dict, top: int) -> None:
+    """One graph's Markdown table: ms by op type in the least pass of each column, the pass, the parts."""
+    cols = list(acc)  # (context, label) in run order
+    print(f"\n#### {title}; ms per pass\n")
+    print("| op type | " + " | ".join(f"{lab} @{c}" for c, lab in cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    widest = max(cols, key=lambda c: sum(acc[c]["ops"].values()))
+    ops = sorted(acc[widest]["ops"], key=lambda o: -acc[widest]["ops"][o])
+    shown, rest = ops[:top], ops[top:]
+    for op in shown:
+        print(f"| {op} | " + " | ".join(f"{acc[c]['ops'].get(op, 0):.2f}" for c in cols) + " |")
+    if rest:
+        print("| (other ops) | " + " | ".join(f"{sum(acc[c]['ops'].get(o, 0) for o in rest):.2f}" for c in cols) + " |")
+    print("| **kernels, sum** | " + " | ".join(f"**{sum(acc[c]['ops'].values()):.2f}**" for c in cols) + " |")
+    print("| **pass (model_run, least)** | " + " | ".join(f"**{min(acc[c]['wall']):.2f}**" for c in cols) + " |")
+    print("| pass (model_run, median) | " + " | ".join(f"{statistics.median(acc[c]['wall']):.2f}" for c in cols) + " |")
+    for part in ("layers", "lm_head", "other"):
+        print(f"| part: {part} | " + " | ".join(f"{acc[c]['parts'].get(part, 0):.2f}" for c in cols) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bundles", nargs="+", type=Path)
+    ap.add_argument("bundles", nargs="*", type=Path)
+    ap.add_argument("--genai", type=Path, help="an onnxruntime-genai model folder to profile too")
     ap.add_argument("--contexts", nargs="+", type=int, default=[256, 1500])
     ap.add_argument("--widths", nargs="+", type=int, default=[1, 2, 5, 8])
     ap.add_argument("--prefill", type=int, default=256, help="tokens of the prefill chunk (0: none)")
@@ -156,35 +240,13 @@ def main() -> None:
         g = read_manifest(bundle).target.graph
         acc = profile_bundle(bundle, args)
         everything[bundle.name] = {f"{c}/{lab}": v for (c, lab), v in acc.items()}
-        cols = [k for k in acc]  # (context, label) in run order
-        head = " | ".join(f"{lab} @{c}" for c, lab in cols)
         nodes = len(onnx.load(str(bundle / g.path), load_external_data=False).graph.node)
-        print(
-            f"\n#### {bundle.name} ({g.dtype}, {g.flavour}, {nodes} nodes, min pass width {g.min_pass_width}); "
-            "ms per pass\n"
-        )
-        print(f"| op type | {head} |")
-        print("|---|" + "---:|" * len(cols))
-        widest = max(cols, key=lambda c: sum(acc[c]["ops"].values()))
-        ops = sorted(acc[widest]["ops"], key=lambda o: -acc[widest]["ops"][o])
-        shown, rest = ops[: args.top], ops[args.top :]
-        for op in shown:
-            print(f"| {op} | " + " | ".join(f"{acc[c]['ops'].get(op, 0):.2f}" for c in cols) + " |")
-        if rest:
-            print(
-                "| (other ops) | "
-                + " | ".join(f"{sum(acc[c]['ops'].get(o, 0) for o in rest):.2f}" for c in cols)
-                + " |"
-            )
-        print("| **kernels, sum** | " + " | ".join(f"**{sum(acc[c]['ops'].values()):.2f}**" for c in cols) + " |")
-        print("| **pass (model_run, least)** | " + " | ".join(f"**{min(acc[c]['wall']):.2f}**" for c in cols) + " |")
-        print(
-            "| pass (model_run, median) | "
-            + " | ".join(f"{statistics.median(acc[c]['wall']):.2f}" for c in cols)
-            + " |"
-        )
-        for part in ("layers", "lm_head", "other"):
-            print(f"| part: {part} | " + " | ".join(f"{acc[c]['parts'].get(part, 0):.2f}" for c in cols) + " |")
+        title = f"{bundle.name} ({g.dtype}, {g.flavour}, {nodes} nodes, min pass width {g.min_pass_width})"
+        print_table(title, acc, args.top)
+    if args.genai:
+        acc, nodes = profile_genai(args.genai, args)
+        everything[f"genai:{args.genai.name}"] = {f"{c}/{lab}": v for (c, lab), v in acc.items()}
+        print_table(f"onnxruntime-genai {args.genai.name} ({nodes} nodes, no shared buffer, unpadded)", acc, args.top)
     print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
     if args.json:
         args.json.write_text(json.dumps(everything, indent=1, default=list))
