@@ -110,14 +110,18 @@ fi
 stage_end
 
 # --- mounts (undone on exit) ------------------------------------------------------------------------------
-mounted=()
+# Two runs may share the root (--only, side by side): each registers itself, and the last one to leave unmounts.
+USERS=$DIR/users
+mkdir -p "$USERS" && touch "$USERS/$$"
 cleanup() {
-  local i
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount "${mounted[$i]}" 2>/dev/null || umount -l "${mounted[$i]}"; done
+  rm -f "$USERS/$$"
+  local pid
+  for pid in $(ls "$USERS"); do kill -0 "$pid" 2>/dev/null && return; rm -f "$USERS/$pid"; done  # another run: keep
+  for m in "$ROOT/dev" "$ROOT/proc"; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }; done
 }
 trap cleanup EXIT
-mountpoint -q "$ROOT/proc" || { mount -t proc proc "$ROOT/proc" && mounted+=("$ROOT/proc"); }
-mountpoint -q "$ROOT/dev" || { mount --bind /dev "$ROOT/dev" && mounted+=("$ROOT/dev"); }
+mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc"
+mountpoint -q "$ROOT/dev" || mount --bind /dev "$ROOT/dev"
 # /sys stays unbound: ONNX Runtime's cpuinfo reads /sys/devices/system/cpu and crashes (SIGSEGV) on the
 # host's x86 files under qemu-user; without /sys it warns "cpuinfo_initialize failed" and runs.
 # QEMU_CPU reaches every emulated process: each exec inside starts a new qemu through binfmt, with this env.
