@@ -30,12 +30,14 @@ from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 class GenaiGraph:
     """onnxruntime-genai's decoder graph driven as its CPU path drives it (past -> present)."""
 
-    def __init__(self, folder: Path, threads: int):
-        dec = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-        self.names, self.outputs = dec["inputs"], dec["outputs"]
+    def __init__(self, folder: Path, threads: int, options: ort.SessionOptions | None = None):
+        """``options``: the session's (default: our engines' CPU options and thread pool for ``threads``)."""
+        config = json.loads((folder / "genai_config.json").read_text())["model"]
+        dec = config["decoder"]
+        self.path, self.names, self.vocab_size = folder / dec["filename"], dec["inputs"], config["vocab_size"]
         self.layers, self.kv_heads, self.head = dec["num_hidden_layers"], dec["num_key_value_heads"], dec["head_size"]
-        options = cpu_session_options(CpuThreads(threads))
-        self.session = ort.InferenceSession(str(folder / dec["filename"]), options, providers=["CPUExecutionProvider"])
+        options = options or cpu_session_options(CpuThreads(threads))
+        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
     def empty(self) -> list[np.ndarray]:
         return [np.zeros((1, self.kv_heads, 0, self.head), np.float32)] * (2 * self.layers)

@@ -135,47 +135,29 @@ def genai_part(name: str) -> str:
 
 def profile_genai(folder: Path, args) -> tuple[dict, int]:
     """``profile_bundle`` for an onnxruntime-genai model folder (module docstring); also its node count."""
-    import onnxruntime as ort
+    from pass_vs_genai import GenaiGraph  # benchmarks/, beside this script
 
-    config = json.loads((folder / "genai_config.json").read_text())["model"]
-    dec = config["decoder"]
-    layers, kv_heads, head = dec["num_hidden_layers"], dec["num_key_value_heads"], dec["head_size"]
-    names = dec["inputs"], dec["outputs"]
     opts = cpu_session_options(CpuThreads(args.threads))  # our engines' pool and options: the same threads
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         opts.enable_profiling, opts.profile_file_prefix = True, str(Path(tmp) / "g")
-        session = ort.InferenceSession(str(folder / dec["filename"]), opts, providers=["CPUExecutionProvider"])
-
-        def run(ids, past: list[np.ndarray]) -> list[np.ndarray]:
-            n = past[0].shape[2] + len(ids)
-            feed = {
-                names[0]["input_ids"]: np.asarray(ids, np.int64)[None],
-                names[0]["attention_mask"]: np.ones((1, n), np.int64),
-            }
-            for i in range(layers):
-                feed[names[0]["past_key_names"] % i], feed[names[0]["past_value_names"] % i] = (
-                    past[2 * i],
-                    past[2 * i + 1],
-                )
-            return session.run(None, feed)[1:]  # the presents, in output order (key, value per layer)
-
+        genai = GenaiGraph(folder, args.threads, opts)
         labels = []
         for ctx in args.contexts:
-            past = [np.zeros((1, kv_heads, 0, head), np.float32)] * (2 * layers)
+            past = genai.empty()
             for start in range(0, ctx, 256):
-                past = run(rng.integers(0, config["vocab_size"], min(256, ctx - start)), past)
+                past = genai.run(rng.integers(0, genai.vocab_size, min(256, ctx - start)), past)
                 labels.append(None)
             cases = [(f"S={s}", s) for s in args.widths] + (
                 [(f"P{args.prefill}", args.prefill)] if args.prefill else []
             )
             for label, width in cases:
-                ids = rng.integers(0, config["vocab_size"], width)
+                ids = rng.integers(0, genai.vocab_size, width)
                 for i in range(args.repeats + 2):
-                    run(ids, past)
+                    genai.run(ids, past)
                     labels.append((ctx, label) if i >= 2 else None)
-        events = json.loads(Path(session.end_profiling()).read_text())
-    nodes = len(onnx.load(str(folder / dec["filename"]), load_external_data=False).graph.node)
+        events = json.loads(Path(genai.session.end_profiling()).read_text())
+    nodes = len(onnx.load(str(genai.path), load_external_data=False).graph.node)
     return breakdown(passes(events), labels, genai_part), nodes
 
 
