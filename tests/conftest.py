@@ -45,6 +45,14 @@ def tiny_self_bundle(tmp_path_factory, tiny_llama_dir):
 
 
 @pytest.fixture(scope="session")
+def chatty_dir(tmp_path_factory, tiny_llama_dir):
+    """The tiny model taught to write requests in its user turn and answer them (``tiny_models.chatty_model``)."""
+    from tests.tiny_models import chatty_model
+
+    return chatty_model(tmp_path_factory.mktemp("models") / "chatty", tiny_llama_dir)
+
+
+@pytest.fixture(scope="session")
 def base_gemma_dir(tmp_path_factory):
     """A tiny random Gemma 3 base model: tied embeddings, no chat template."""
     return make_model(tmp_path_factory.mktemp("models") / "base-gemma3", **BASE_GEMMA3)

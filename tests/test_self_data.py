@@ -7,6 +7,7 @@ import pytest
 
 from specdec_edge.errors import ExportError
 from specdec_edge.export import self_data
+from tests.tiny_models import CHAT_REQUESTS
 
 
 @pytest.fixture(scope="module")
@@ -108,53 +109,13 @@ def test_prompts_that_do_not_fit_are_left_out(tiny):
     assert len(got) == 1 and got[0][2] == len(self_data.encode_prompt(tok, "short one"))
 
 
-REQUESTS = [
-    f"{verb} the {noun} in three sentences."
-    for verb in ("Summarize", "Explain", "Rewrite", "Describe")
-    for noun in ("article", "fox", "dog", "code", "text")
-]
-
-
-@pytest.fixture(scope="module")
-def chatty_dir(tmp_path_factory, tiny_llama_dir):
-    """The tiny model taught (a few hundred steps) to write requests in its user turn and answer them: a chat
-    model whose self-written prompts are real sentences, so the whole no-dataset path can run."""
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("models") / "chatty"
-    shutil.copytree(tiny_llama_dir, folder, dirs_exist_ok=True)
-    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
-    chats = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": r}, {"role": "assistant", "content": "The quick brown fox jumps."}],
-            tokenize=False,
-        )
-        for r in REQUESTS
-    ]
-    batch = tok(chats, return_tensors="pt", padding=True)
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(300):
-        loss = model(**batch, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval().save_pretrained(folder)
-    return folder
-
-
 def test_a_chat_model_writes_requests_like_those_it_learned(chatty_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, tok = AutoModelForCausalLM.from_pretrained(chatty_dir).eval(), AutoTokenizer.from_pretrained(chatty_dir)
     report = self_data.generate_prompts(model, tok, 6, seed=0, batch=8, max_tokens=24, progress=False)
     assert len(report.prompts) >= 3, report.summary()
-    learned = {w.strip(".") for r in REQUESTS for w in r.split()}
+    learned = {w.strip(".") for r in CHAT_REQUESTS for w in r.split()}
     for p in report.prompts:
         assert set(w.strip(".") for w in p.split()) <= learned, p  # its own words, not bytes of noise
 
