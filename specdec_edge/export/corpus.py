@@ -373,3 +373,46 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+TOPICS = {  # keyword buckets for the report's topic spread (first match wins; the rest is "other")
+    "coding": ("code", "python", "javascript", "function", "program", "sql", "java", "script", "api", "algorithm"),
+    "math": ("calculate", "equation", "math", "solve", "number", "sum", "probability", "percent", "formula"),
+    "writing": ("write", "story", "poem", "essay", "letter", "article", "blog", "email", "rewrite", "summarize"),
+    "science": ("science", "physics", "chemistry", "biology", "energy", "climate", "planet", "cell", "atom"),
+    "health": ("health", "anxiety", "stress", "diet", "exercise", "sleep", "medical", "doctor", "mental"),
+    "business": ("business", "marketing", "company", "customer", "market", "finance", "money", "invest", "job"),
+    "history": ("history", "war", "ancient", "century", "empire", "culture", "art", "philosophy", "religion"),
+    "advice": ("how can i", "how do i", "tips", "advice", "help me", "should i", "recommend", "suggest"),
+    "explain": ("explain", "what is", "what are", "why", "describe", "difference"),
+}
+
+
+def topic(request: str) -> str:
+    text = request.lower()
+    words = set(_WORD.findall(text))
+    for name, keys in TOPICS.items():
+        if any((k in text) if " " in k else (k in words) for k in keys):
+            return name
+    return "other"
+
+
+def report(corpus: Corpus) -> dict:
+    """What the corpus holds: counts, the spread of request lengths and topics, answer lengths, who wrote it."""
+    requests = corpus.requests
+    words = [len(r.split()) for r in requests] or [0]
+    answers = [r["end"] - r["answer"] for s in corpus.shards for r in s["records"]] or [0]
+    finishes = Counter(r["finish"] for s in corpus.shards for r in s["records"])
+    return {
+        "shards": len(corpus.shards),
+        "requests": len(requests),
+        "distinct_requests": len({_key(r) for r in requests}),
+        "held_out_requests": sum(held_out(r) for r in requests),
+        "answer_tokens": corpus.answer_tokens,
+        "request_words_p10_p50_p90": [float(np.percentile(words, q)) for q in (10, 50, 90)],
+        "answer_tokens_p10_p50_p90": [float(np.percentile(answers, q)) for q in (10, 50, 90)],
+        "answers_ended_by_the_model": round(finishes.get("eos", 0) / max(len(requests), 1), 3),
+        "topics": dict(Counter(topic(r) for r in requests).most_common()),
+        "machines": dict(Counter(s["machine"]["cpu"] for s in corpus.shards)),
+        "seconds": round(sum(s["counts"]["seconds"] for s in corpus.shards)),
+    }
