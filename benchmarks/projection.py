@@ -191,10 +191,14 @@ def genai_folder(shape: Shape, layers: int, work: Path) -> Path:
             head_dim=shape.head_dim,
             rope_theta=shape.rope_theta,
             tie_word_embeddings=True,
+            architectures=["LlamaForCausalLM"],
+            bos_token_id=1,
+            eos_token_id=2,
             max_position_embeddings=4096,
             torch_dtype="float16",
         )
         config.save_pretrained(hf)
+        tiny_tokenizer(hf)  # the builder copies a tokenizer; its vocabulary does not matter for a pass's cost
         rng = np.random.default_rng(1)
         tensors = {"model.embed_tokens.weight": (rng.standard_normal((shape.vocab, shape.hidden), np.float32) * 0.02)}
         tensors["model.norm.weight"] = np.ones(shape.hidden, np.float32)
@@ -212,6 +216,17 @@ def genai_folder(shape: Shape, layers: int, work: Path) -> Path:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise RuntimeError("onnxruntime-genai's builder failed: " + " | ".join(tail))
     return out
+
+
+def tiny_tokenizer(folder: Path) -> None:
+    """A three-token tokenizer saved in ``folder`` (onnxruntime-genai's builder reads and copies one)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(folder)
 
 
 def linear_shapes(shape: Shape, layers: int) -> dict[str, tuple[int, int]]:
