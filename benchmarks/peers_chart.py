@@ -5,7 +5,7 @@ Usage:
   python benchmarks/peers_chart.py peers.json peers.png     # or: peers.py ... --json peers.json --plot peers.png
 
 Per runtime (a group of bars): plain and its speculative method, tokens/s over whole calls incl. prefill (the
-table's first column). Above each bar: the mean common prefix with the fp32 model's greedy tokens ("fp32
+table's first column). Above each bar: its method, the mean common prefix with the fp32 model's greedy tokens ("fp32
 prefix"), and for a speculative bar how many outputs equal the runtime's own plain output ("= plain").
 """
 
@@ -27,7 +27,7 @@ def groups(table: list[dict]) -> list[tuple[str, dict, dict | None]]:
 
 def label(entry: dict, speculative: bool) -> str:
     """The note above one bar: fidelity to fp32, and for speculation its agreement with its own plain."""
-    lines = []
+    lines = [entry["method"]]
     if speculative:
         lines.append(f"= plain {entry['identical']}")
     if "common_prefix_with_fp32" in entry:
@@ -55,7 +55,6 @@ def plot_peers(report: dict, out: str | Path) -> None:
             ax.bar(x, entry["tokens_per_s"], width, color=color, label=None if kind in labelled else kind)
             labelled.add(kind)
             ax.text(x, entry["tokens_per_s"] + top * 0.01, label(entry, j == 1), ha="center", va="bottom", fontsize=6.5)
-            ax.text(x, top * 0.02, entry["method"], ha="center", va="bottom", rotation=90, fontsize=6.5, color="white")
     names = [name.replace(" (", "\n(", 1) for name, _, _ in rows]
     ax.set_xticks(range(len(rows)), names, fontsize=7)
     ax.set_ylabel("tokens/s, whole calls incl. prefill")
