@@ -4,7 +4,7 @@ shape, and the speedup that the acceptance measured on SmolLM2 would give at eac
 measurement of those models: the weights are random, the acceptance is SmolLM2-135M's.
 
 Usage:
-  python benchmarks/projection.py --acceptance bench.json --json projection.json        # all sizes, ~25 min
+  python benchmarks/projection.py --acceptance bench.json --json projection.json  # all sizes, ~30-60 min
   python benchmarks/projection.py --sizes 135m --layers 1 2 --contexts 64 --widths 1 2 --rounds 1   # a check
 
 Method (docs/PERFORMANCE.md, "Past this machine"):
@@ -200,14 +200,15 @@ def genai_folder(shape: Shape, layers: int, work: Path) -> Path:
         config.save_pretrained(hf)
         tiny_tokenizer(hf)  # the builder copies a tokenizer; its vocabulary does not matter for a pass's cost
         rng = np.random.default_rng(1)
-        tensors = {"model.embed_tokens.weight": (rng.standard_normal((shape.vocab, shape.hidden), np.float32) * 0.02)}
-        tensors["model.norm.weight"] = np.ones(shape.hidden, np.float32)
+        normal = lambda n, k: (rng.standard_normal((n, k), np.float32) * 0.02).astype(np.float16)  # noqa: E731
+        tensors = {"model.embed_tokens.weight": normal(shape.vocab, shape.hidden)}
+        tensors["model.norm.weight"] = np.ones(shape.hidden, np.float16)
         for name, (n, k) in linear_shapes(shape, layers).items():
-            tensors[name] = rng.standard_normal((n, k), np.float32) * 0.02
+            tensors[name] = normal(n, k)
         for i in range(layers):
             for norm in ("input_layernorm", "post_attention_layernorm"):
-                tensors[f"model.layers.{i}.{norm}.weight"] = np.ones(shape.hidden, np.float32)
-        save_file({k: v.astype(np.float16) for k, v in tensors.items()}, str(hf / "model.safetensors"))
+                tensors[f"model.layers.{i}.{norm}.weight"] = np.ones(shape.hidden, np.float16)
+        save_file(tensors, str(hf / "model.safetensors"))
         del tensors
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out)]
     cmd += ["-p", "int4", "-e", "cpu", "-c", str(work / "cache")]
@@ -375,7 +376,7 @@ def main() -> None:
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 5, 8])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--work", type=Path, default=Path("/tmp/projection"), help="graphs built (reused if there)")
     ap.add_argument("--acceptance", type=Path, default=None, help="a `specdec-edge bench --json` report")
     ap.add_argument("--bundle", type=Path, default=None, help="a real 135m bundle to time beside its projection")
