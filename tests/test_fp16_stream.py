@@ -1,6 +1,6 @@
 """fp16 graphs keep the residual stream in fp32. Gemma 3's stream outgrows fp16's 65,504 (Gemma-3-270M: at the
 ``<bos>`` token of real text, up to 1.0e5): an fp16 stream turned inf, the next norm NaN, and GroupQueryAttention's
-probabilities x values spread the NaN to every row of the pass (docs/PERFORMANCE.md, "Gemma-3 fp16"). A tiny
+probabilities x values spread the NaN to every row of the pass (docs/lab/exactness.md, "Gemma-3 fp16"). A tiny
 Gemma 3 with a loud stream must give finite logits close to its fp32 graph's, at both flavours. (With an fp16
 stream the ort flavour fails here; the portable one passed on an AMD EPYC even so, not traced: ONNX Runtime runs
 many fp16 ops in fp32 on x86 CPUs, through Casts it inserts.)"""

@@ -1,6 +1,6 @@
 """A short soak (benchmarks/soak.py, 100 calls from 8 threads on the tiny bundle): no hang, no unexpected
 exception, greedy outputs equal to single-thread runs, memory flat. The full run's figures are in
-docs/PERFORMANCE.md ("Soak")."""
+docs/lab/serving.md ("Soak")."""
 
 from __future__ import annotations
 
