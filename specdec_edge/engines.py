@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from specdec_edge.bundle import Manifest, manifest_digest
+from specdec_edge.bundle.hashes import manifest_digest
+from specdec_edge.bundle.schema import Manifest
 from specdec_edge.exactness import Verdict, recorded_verdict
 from specdec_edge.generation import Decoder, EngineLease
 from specdec_edge.progress import Progress

@@ -15,7 +15,9 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from specdec_edge.bundle import Manifest, check_hashes, read_manifest
+from specdec_edge.bundle.hashes import check_hashes
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.schema import Manifest
 from specdec_edge.engines import Engines, open_engines
 from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed

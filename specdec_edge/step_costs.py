@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import manifest_digest
+from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.progress import Progress, report
 from specdec_edge.runtime.base import Engine
 from specdec_edge.runtime.device import device_name

@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.cli import main
 from specdec_edge.errors import SpecdecError
 from specdec_edge.pipeline import Pipeline

@@ -338,7 +338,7 @@ def relocate_weights(bundle: Path, new_name: str) -> None:
 
 
 def test_weights_in_a_file_the_manifest_does_not_list_are_refused(pristine, tmp_path):
-    from specdec_edge.graph_refs import external_data_files
+    from specdec_edge.bundle.graph_refs import external_data_files
 
     assert external_data_files(pristine / "target" / "model.onnx") == {"model.onnx.data"}
     bundle = clone(pristine, tmp_path / "unlisted", link=False)
@@ -358,7 +358,8 @@ def test_weights_in_a_file_the_manifest_does_not_list_are_refused(pristine, tmp_
 
 def test_a_change_in_place_that_restores_the_mtime_is_hashed_again(pristine, tmp_path, monkeypatch):
     """rsync --inplace -t, cp -p onto an existing file, tar: same size, inode and mtime, other bytes."""
-    from specdec_edge.bundle import HashRecord, check_hashes, read_manifest
+    from specdec_edge.bundle.hashes import HashRecord, check_hashes
+    from specdec_edge.bundle.manifest import read_manifest
 
     monkeypatch.setattr(HashRecord, "RACY_S", 0.0)  # record files changed just now, as if 2 s had passed
     bundle = clone(pristine, tmp_path / "inplace", link=False)

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 from click.testing import CliRunner
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.cli import main
 from specdec_edge.default_model import default_bundle, default_gguf
 from specdec_edge.errors import SpecdecError

@@ -18,8 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from specdec_edge import SpecdecError
-from specdec_edge.bundle import SCHEMA_VERSION, read_manifest
-from specdec_edge.bundle_write import StagingDir, remove_stale_staging
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.schema import SCHEMA_VERSION
+from specdec_edge.bundle.write import StagingDir, remove_stale_staging
 from specdec_edge.cli import main
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.loop import prefill

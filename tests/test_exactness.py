@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.engines import Engines
 from specdec_edge.exactness import Verdict, decide, describe, recorded_verdict, trees_allowed
 from specdec_edge.runtime.base import GpuOptions
@@ -261,7 +261,7 @@ def test_a_device_whose_measurement_fails_refuses_speculation(tiny_bundle, tmp_p
     shutil.copy(dyn, bundle / target["path"])
     (bundle / "target" / "model.onnx.data").unlink(missing_ok=True)
     target["verdict"]["device"] = {**target["verdict"]["device"], "cpu": "the export machine's CPU"}
-    from specdec_edge.bundle import file_table
+    from specdec_edge.bundle.hashes import file_table
 
     manifest["files"] = file_table(bundle)
     (bundle / "manifest.json").write_text(json.dumps(manifest))

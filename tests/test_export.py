@@ -9,7 +9,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from specdec_edge.bundle import read_manifest, verify_bundle
+from specdec_edge.bundle.hashes import verify_bundle
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.cli import main
 from specdec_edge.export.arch import REGISTRY
 from specdec_edge.export.exporter import export_bundle

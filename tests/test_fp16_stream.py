@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_edge.bundle import CacheSpec, GraphSpec
+from specdec_edge.bundle.schema import CacheSpec, GraphSpec
 from specdec_edge.export.graph import build_decoder, save
 from specdec_edge.export.sources import load_model
 from specdec_edge.runtime.ort_engine import OrtEngine

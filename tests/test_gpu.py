@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
-from specdec_edge.bundle import read_manifest, verify_bundle
+from specdec_edge.bundle.hashes import verify_bundle
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine

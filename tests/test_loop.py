@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample

@@ -83,7 +83,7 @@ def test_restore_keeps_every_method_equal_to_plain(request, fixture, method):
 def test_gpu_engines_take_snapshots_through_their_slot_graphs(tiny_bundle, plain, ping_pong):
     """The CUDA/TensorRT EP engine's code on the CPU (its device cache an OrtValue; ping-pong: two slabs, as on
     the TensorRT EP): snapshots and restores go through its read/write graphs and switching back restores."""
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.engines import Engines
     from specdec_edge.runtime.base import GpuOptions
     from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.errors import ExportError
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.export.gguf_blocks import blocks_from_raw

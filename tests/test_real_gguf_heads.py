@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdec_edge import Pipeline
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.exactness import recorded_verdict, trees_exact
 
 pytestmark = pytest.mark.skipif(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.exactness import describe, recorded_verdict
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.loop import prefill

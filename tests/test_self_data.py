@@ -82,7 +82,7 @@ def test_batched_answers_equal_the_runtimes_answers_and_features(tmp_path, tiny_
 
     model, tok = tiny
     bundle = prepare_bundle(str(tiny_llama_dir), tmp_path, 256, progress=False, layers=True)
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
 
     layers = tuple(read_manifest(bundle).target.graph.feature_layers)
     texts = [p for p in many_prompts(12, seed=5) if isinstance(p, str)][:7]

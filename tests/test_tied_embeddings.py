@@ -8,7 +8,7 @@ import onnx
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.export import graph as graph_module
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.export.gguf_blocks import blocks_from_raw

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from specdec_edge.bundle import TokenizerSpec
+from specdec_edge.bundle.schema import TokenizerSpec
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.tokenizer import Tokenizer, read_chat_template
 

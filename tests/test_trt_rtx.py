@@ -19,7 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.bundle import read_manifest, verify_bundle
+from specdec_edge.bundle.hashes import verify_bundle
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.errors import BundleError, ExportError
 from specdec_edge.runtime.prebuilt import check_sidecar, find_prebuilt
 from specdec_edge.runtime.trt_libraries import TENSORRT, TENSORRT_RTX, import_library

@@ -115,7 +115,7 @@ class Corpus:
             )
         ids_path = path.with_suffix(".ids")
         if not ids_path.is_file() or hashlib.sha256(ids_path.read_bytes()).hexdigest() != shard.get("ids_sha256"):
-            raise ExportError(f"corpus shard {ids_path} is damaged (missing, or not the bytes its manifest records); {fix}.")
+            raise ExportError(f"corpus shard {ids_path} is damaged (missing, or not what its manifest records); {fix}.")
         return shard
 
     @property
@@ -295,7 +295,7 @@ def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, an
          max_minutes: float | None = None, threads: int | None = None, log=print) -> Corpus:  # fmt: skip
     """Append shards to the corpus in ``folder`` until it holds ``answer_tokens_goal`` answer tokens (or
     ``max_minutes`` pass); a rerun continues after the last whole shard."""
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.pipeline import Pipeline
 
     root = Path(bundle)

@@ -98,7 +98,7 @@ def write_checkpoint(heads: str | Path, out: str | Path, force: bool = False) ->
     """Write the ``eagle3`` heads folder ``heads`` as a serving-engine checkpoint folder ``out``; returns it."""
     from safetensors.numpy import load_file
 
-    from specdec_edge.bundle_write import disk_errors, prepare_out_dir
+    from specdec_edge.bundle.write import disk_errors, prepare_out_dir
 
     out = Path(out).resolve()
     prepare_out_dir(out, force)  # an occupied or unwritable --out first

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import MANIFEST, Manifest, file_table
+from specdec_edge.bundle.hashes import file_table
+from specdec_edge.bundle.schema import MANIFEST, Manifest
 from specdec_edge.errors import BundleError
 
 try:
