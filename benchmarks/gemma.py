@@ -145,8 +145,8 @@ def main() -> None:
 
     bundle = args.work / f"gemma-{args.bench_dtype}"
     if not args.skip_bench:
+        from specdec_edge.api.pipeline import Pipeline
         from specdec_edge.bench import bundle_metadata, load_prompts, run_bench, to_markdown
-        from specdec_edge.pipeline import Pipeline
 
         pipe = Pipeline.load(bundle, method="plain", threads=args.threads, history=False)
         meta = {**bundle_metadata(bundle), "threads": args.threads, "n_per_category": args.n_per_category}

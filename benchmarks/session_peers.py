@@ -41,9 +41,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec_edge.api.pipeline import Pipeline
 from specdec_edge.atomic import write_atomic
 from specdec_edge.bench import bundle_metadata, versions
-from specdec_edge.pipeline import Pipeline
 from specdec_edge.sessions import (
     MODES,
     Session,

@@ -305,11 +305,11 @@ def info(bundle, as_json):
     Example:
       specdec-edge info bundles/smollm2 --json
     """
+    from specdec_edge.api.step_costs import costs_of_bundle
     from specdec_edge.bundle.hashes import check_hashes
     from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.exactness import Verdict, describe, recorded_verdict
     from specdec_edge.runtime.verdicts import cached_verdicts
-    from specdec_edge.step_costs import costs_of_bundle
 
     manifest = read_manifest(bundle)
     check_hashes(bundle, manifest)  # what loading checks: a damaged file is named here too

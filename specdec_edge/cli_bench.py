@@ -136,6 +136,7 @@ def bench(
       specdec-edge bench bundles/smollm2 --methods plain,lookahead -o lookahead.window=3 -o lookahead.guesses=2
       specdec-edge bench bundles/heads --methods plain,medusa,medusa-typical --temperature 0.7
     """
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.bench import (
         bundle_metadata,
         check_methods,
@@ -147,7 +148,6 @@ def bench(
         to_markdown,
     )
     from specdec_edge.cli_options import parse_options
-    from specdec_edge.pipeline import Pipeline
     from specdec_edge.progress import to_stderr
 
     for path, option in ((json_out, "--json"), (md_out, "--md"), (plot_out, "--plot")):

@@ -31,7 +31,7 @@ class LoadSettings:
     allow_inexact: bool = False
     options: tuple[str, ...] = ()  # -o KEY=VALUE, parsed by ``load``
     provider: str = "cpu"
-    prompt_cache_mb: float | None = None  # serve's --prompt-cache-mb; None: the default (``prompt_cache.py``)
+    prompt_cache_mb: float | None = None  # serve's --prompt-cache-mb; None: the default (``api/prompt_cache.py``)
     history: bool = True  # chat's and serve's --history/--no-history (``history_options``)
     history_mb: float = DEFAULT_HISTORY_MB
 
@@ -178,8 +178,8 @@ def history_options(f):
 def load(settings: LoadSettings, template_file: str | None = None):
     """The pipeline ``settings`` describe (with the chat template of ``template_file``); what takes a while to
     measure on first use is reported on stderr."""
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.cli_options import parse_options
-    from specdec_edge.pipeline import Pipeline
     from specdec_edge.progress import to_stderr
     from specdec_edge.tokenizer import read_chat_template
 
@@ -388,7 +388,7 @@ def generate(settings: LoadSettings, sampling: SamplingSettings, prompt, templat
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
       specdec-edge generate bundles/gemma-base --prompt "Hi" --chat-template my_template.jinja
     """
-    from specdec_edge.pipeline import check_stops
+    from specdec_edge.api.pipeline import check_stops
 
     sampling.check()
     stops = check_stops([unescape(s) for s in stop])  # and too many or too long --stop strings

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
+from specdec_edge.api.step_costs import WIDTHS, CostKey, cost_path, load_costs
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes
 from specdec_edge.speculative.costs import CostModel
@@ -22,7 +23,6 @@ from specdec_edge.speculative.methods import Resources, auto_candidates
 from specdec_edge.speculative.predictors import NodeRates, prefix_order
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
-from specdec_edge.step_costs import WIDTHS, CostKey, cost_path, load_costs
 from tests.test_acceptance import CHI2_CRIT_DF7_P001
 from tests.test_methods import TEXTS, assert_greedy_equals_plain
 

@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.api.engines import Engines
 from specdec_edge.bundle.hashes import verify_bundle
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.schema import CacheSpec, GraphSpec
-from specdec_edge.engines import Engines
 from specdec_edge.errors import BundleError
 from specdec_edge.runtime.base import PAD_TO, GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine

@@ -209,7 +209,7 @@ def test_api_generate_accepts_the_boundaries(pipe):
 
 
 def test_api_sizes_past_their_bounds(pipe):
-    from specdec_edge.pipeline import MAX_CHARS_PER_TOKEN
+    from specdec_edge.api.pipeline import MAX_CHARS_PER_TOKEN
     from specdec_edge.tokenizer import MAX_MESSAGES
 
     cases = [
@@ -233,7 +233,7 @@ def test_the_stop_filter_cuts_where_the_naive_check_does():
     """Against the obvious (quadratic) reference on random text and stops over a small alphabet."""
     import random
 
-    from specdec_edge.streaming import StopFilter
+    from specdec_edge.api.streaming import StopFilter
 
     def naive(stops, pieces):
         text = ""
@@ -263,7 +263,7 @@ def test_a_long_stop_string_costs_little_per_token():
     """The stop-string check is linear in the text fed: a 200,000-character stop took ~0.75 s a token."""
     import time
 
-    from specdec_edge.streaming import StopFilter
+    from specdec_edge.api.streaming import StopFilter
 
     stop = "ab" * 100000
     f = StopFilter([stop])

@@ -8,10 +8,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from specdec_edge.api.pipeline import Pipeline
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.cli import main
 from specdec_edge.errors import SpecdecError
-from specdec_edge.pipeline import Pipeline
 from specdec_edge.tokenizer import plain_text, read_chat_template
 from tests.tiny_models import CHAT_TEMPLATE
 

@@ -12,7 +12,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from specdec_edge import Pipeline, streaming
+from specdec_edge import Pipeline
+from specdec_edge.api import streaming
 from specdec_edge.cli import main
 
 

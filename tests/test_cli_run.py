@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from specdec_edge import streaming
+from specdec_edge.api import streaming
 from specdec_edge.cli import main
 
 

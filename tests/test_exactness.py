@@ -12,8 +12,8 @@ import onnx
 import pytest
 
 from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.api.engines import Engines
 from specdec_edge.bundle.manifest import read_manifest
-from specdec_edge.engines import Engines
 from specdec_edge.exactness import Verdict, decide, describe, recorded_verdict, trees_allowed
 from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine

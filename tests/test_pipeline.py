@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.streaming import StopFilter
+from specdec_edge.api.streaming import StopFilter
 
 MESSAGES = [{"role": "user", "content": "Summarize the following article in three sentences."}]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.prompt_cache import MAGIC, PromptCache, Snapshot
+from specdec_edge.api.prompt_cache import MAGIC, PromptCache, Snapshot
 
 DOC_A = "The quick brown fox jumps over the lazy dog. " * 6 + "What does the fox do?"
 DOC_B = "Speculative decoding proposes tokens and verifies them in one pass. " * 5 + "What is verified?"
@@ -83,8 +83,8 @@ def test_restore_keeps_every_method_equal_to_plain(request, fixture, method):
 def test_gpu_engines_take_snapshots_through_their_slot_graphs(tiny_bundle, plain, ping_pong):
     """The CUDA/TensorRT EP engine's code on the CPU (its device cache an OrtValue; ping-pong: two slabs, as on
     the TensorRT EP): snapshots and restores go through its read/write graphs and switching back restores."""
+    from specdec_edge.api.engines import Engines
     from specdec_edge.bundle.manifest import read_manifest
-    from specdec_edge.engines import Engines
     from specdec_edge.runtime.base import GpuOptions
     from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 

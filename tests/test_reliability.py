@@ -11,7 +11,7 @@ import time
 import pytest
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.generation import LEASE_S, POLL_S
+from specdec_edge.api.generation import LEASE_S, POLL_S
 from specdec_edge.runtime.threads import OWN_SESSIONS
 
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Summarize the following article")

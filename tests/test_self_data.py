@@ -76,8 +76,8 @@ def test_generated_prompts_are_filtered_counted_and_reproducible(tiny):
 
 def test_batched_answers_equal_the_runtimes_answers_and_features(tmp_path, tiny_llama_dir, tiny):
     """The torch batch path gives what the runtime's FeatureTap collects: the same greedy tokens and features."""
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.export.draft_data import _answer, prepare_bundle
-    from specdec_edge.pipeline import Pipeline
     from tests.test_methods import many_prompts
 
     model, tok = tiny

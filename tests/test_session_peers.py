@@ -71,7 +71,7 @@ def test_token_bound_holds_the_longest_context():
 
 
 def test_merged_report_of_two_bundles_and_a_peer(roomy_bundle, tmp_path):  # noqa: F811
-    from specdec_edge.pipeline import Pipeline
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.sessions import build_sessions, run_sessions, session_result
 
     session = next(s for s in build_sessions(prompts(tmp_path), n=1) if s.kind == "spec-bench")

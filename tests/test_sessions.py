@@ -102,7 +102,7 @@ def test_bench_sessions_applies_k_and_method_options(roomy_bundle, tmp_path):
 def test_sessions_replay_given_requests(roomy_bundle, tmp_path):
     """A report's requests, given to another run, are what every row of that run sends (the same prompts on
     another bundle or runtime); the conversation turns carry the first run's answers, not the second's."""
-    from specdec_edge.pipeline import Pipeline
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.sessions import run_sessions
 
     sessions = [s for s in build_sessions(prompts(tmp_path), n=1) if s.kind in ("spec-bench", "agent")]

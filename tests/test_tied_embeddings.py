@@ -124,8 +124,8 @@ def test_eagle_head_reads_the_target_table(heads_bundle):
 
 
 def test_add_heads_replaces_a_head_that_reads_the_target_table(heads_bundle, trained, tmp_path):
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.export.head_export import add_heads
-    from specdec_edge.pipeline import Pipeline
 
     out = add_heads(heads_bundle, [trained / "eagle"], tmp_path / "again")
     m = read_manifest(out)

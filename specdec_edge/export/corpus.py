@@ -295,8 +295,8 @@ def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, an
          max_minutes: float | None = None, threads: int | None = None, log=print) -> Corpus:  # fmt: skip
     """Append shards to the corpus in ``folder`` until it holds ``answer_tokens_goal`` answer tokens (or
     ``max_minutes`` pass); a rerun continues after the last whole shard."""
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.bundle.manifest import read_manifest
-    from specdec_edge.pipeline import Pipeline
 
     root = Path(bundle)
     corpus = Corpus(folder, model_identity(root, read_manifest(root)), settings)

@@ -169,8 +169,8 @@ def generate_data(
     one prompt at a time."""
     from tqdm import tqdm
 
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.bundle.manifest import read_manifest
-    from specdec_edge.pipeline import Pipeline
     from specdec_edge.progress import to_stderr
 
     folder.mkdir(parents=True, exist_ok=True)

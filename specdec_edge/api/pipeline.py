@@ -15,15 +15,16 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from specdec_edge.api.engines import Engines, open_engines
+from specdec_edge.api.generation import Generation, closed_error
+from specdec_edge.api.prompt_cache import DEFAULT_MB, load_prefix, save_prefix
+from specdec_edge.api.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, Stream, text_pieces
 from specdec_edge.bundle.hashes import check_hashes
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.schema import Manifest
-from specdec_edge.engines import Engines, open_engines
 from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed
-from specdec_edge.generation import Generation, closed_error
 from specdec_edge.progress import Progress
-from specdec_edge.prompt_cache import DEFAULT_MB, load_prefix, save_prefix
 from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
@@ -31,7 +32,6 @@ from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, HistorySlot, HistoryStore
 from specdec_edge.speculative.methods import Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
-from specdec_edge.streaming import MAX_STOP_CHARS, MAX_STOPS, GenerationResult, Stream, text_pieces
 from specdec_edge.tokenizer import Tokenizer
 
 __all__ = ["Pipeline"]
@@ -44,7 +44,7 @@ class Pipeline:
 
     ``Pipeline.load`` opens a bundle; ``Pipeline(tokenizer, Engines(target, ...), method)`` runs engines opened
     by hand. Calls from several threads take turns on the engines one decode step at a time
-    (``specdec_edge/generation.py``): a stream that is read slowly or dropped never blocks the others.
+    (``specdec_edge/api/generation.py``): a stream that is read slowly or dropped never blocks the others.
     ``close()`` (or ``with Pipeline.load(...) as pipe:``) frees the engines.
     """
 
@@ -253,7 +253,7 @@ class Pipeline:
         Generation runs as the stream is read. ``stream.cancel()`` (from any thread) or ``close()``
         stops it and frees the engines at once; a stream that is dropped or read slowly never blocks
         other calls: after a short lease they take the engines, and the stream, if read again, goes on
-        where it was (``specdec_edge/generation.py``).
+        where it was (``specdec_edge/api/generation.py``).
         ``reuse``: as for ``generate``. ``history``: True drafts from (and adds this call to) the pipeline's
         history, a ``HistoryStore`` from (and to) that one, False from none.
         """

@@ -123,7 +123,7 @@ class Stream:
 
     ``cancel()`` (safe from any thread) or ``close()`` stops generation and frees the pipeline at
     once; a stream that is simply dropped, or read slowly, never blocks other calls either (see
-    ``specdec_edge/generation.py``). Several threads may read one stream; they take turns.
+    ``specdec_edge/api/generation.py``). Several threads may read one stream; they take turns.
     """
 
     def __init__(self, pieces: Iterator[str], result: GenerationResult, cancel: Callable[[], None]):

@@ -15,12 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from specdec_edge.api.generation import Decoder, EngineLease
+from specdec_edge.api.prompt_cache import DEFAULT_MB, PromptCache
+from specdec_edge.api.step_costs import CostKey, device_costs
 from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.bundle.schema import Manifest
 from specdec_edge.exactness import Verdict, recorded_verdict
-from specdec_edge.generation import Decoder, EngineLease
 from specdec_edge.progress import Progress
-from specdec_edge.prompt_cache import DEFAULT_MB, PromptCache
 from specdec_edge.runtime.base import DEFAULT_GPU, Engine, GpuOptions
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
@@ -29,7 +30,6 @@ from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.proposal import Proposer
-from specdec_edge.step_costs import CostKey, device_costs
 
 # (the engine the loop drives, the proposers whose own cost to measure) -> the device's step costs
 StepCosts = Callable[[Engine, Mapping[str, Proposer]], CostModel]
