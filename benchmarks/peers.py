@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from specdec_edge.api.pipeline import Pipeline
-from specdec_edge.bench import load_prompts
+from specdec_edge.bench.spec_bench import load_prompts
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.speculative.methods import default_method
 

@@ -194,7 +194,7 @@ def worker(args) -> None:
 
 def long_prompts(bundle: Path, low: int, high: int) -> list[tuple[int, list[int]]]:
     """(question_id, chat-templated ids) of the Spec-Bench turn-1 prompts with low..high ids, in file order."""
-    from specdec_edge.bench import load_prompts
+    from specdec_edge.bench.spec_bench import load_prompts
     from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.tokenizer import Tokenizer
 

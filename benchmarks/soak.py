@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.api.generation import LEASE_S
-from specdec_edge.bench import load_prompts
+from specdec_edge.bench.spec_bench import load_prompts
 from specdec_edge.speculative.methods import available_methods
 
 

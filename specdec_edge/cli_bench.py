@@ -81,7 +81,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "--sessions",
     is_flag=True,
     help="Multi-turn sessions instead (Spec-Bench's two turns, a five-turn document conversation, a code-editing "
-    "loop, an agent loop; specdec_edge/sessions.py): each turn timed, rows with and without KV reuse and "
+    "loop, an agent loop; specdec_edge/bench/sessions.py): each turn timed, rows with and without KV reuse and "
     "history; --methods defaults to plain,auto here, --n-per-category is sessions per kind.",
 )
 @click.option(
@@ -137,7 +137,7 @@ def bench(
       specdec-edge bench bundles/heads --methods plain,medusa,medusa-typical --temperature 0.7
     """
     from specdec_edge.api.pipeline import Pipeline
-    from specdec_edge.bench import (
+    from specdec_edge.bench.spec_bench import (
         bundle_metadata,
         check_methods,
         check_output_path,
@@ -177,7 +177,7 @@ def bench(
     pipe = Pipeline.load(bundle, method="plain", progress=to_stderr, **settings)
     meta["options"] = method_options
     if sessions:
-        from specdec_edge.sessions import build_sessions, plot_sessions, run_sessions, sessions_markdown
+        from specdec_edge.bench.sessions import build_sessions, plot_sessions, run_sessions, sessions_markdown
 
         sessions_list = build_sessions(prompts_file, n_per_category)
         run = dict(max_new_tokens=max_new_tokens, meta=meta, k=k, options=method_options)

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from specdec_edge.bench import KEYS, OVERALL, load_prompts
+from specdec_edge.bench.spec_bench import KEYS, OVERALL, load_prompts
 from specdec_edge.cli import main
 from specdec_edge.errors import SpecdecError
 from tests.test_light_runtime import heavy_modules, run_clean

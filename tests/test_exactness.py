@@ -294,7 +294,7 @@ def test_info_lists_the_verdict_of_every_device(tiny_bundle):
 def test_bench_runs_what_users_run_and_marks_what_it_is_told_to_run_inexactly(tiny_bundle):
     """A verdict that vouches for chains only: bench skips tree methods with the policy's reason, as chat and
     serve refuse them; with allow_inexact it runs them and marks them."""
-    from specdec_edge.bench import BenchPrompt, run_bench, to_markdown
+    from specdec_edge.bench.spec_bench import BenchPrompt, run_bench, to_markdown
 
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
     target = replace(plain.target.graph, dtype="int4")

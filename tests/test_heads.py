@@ -213,7 +213,7 @@ def test_heads_greedy_equals_plain(plain, method, k, options):
 
 
 def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
-    from specdec_edge.bench import BenchPrompt, run_bench, to_markdown
+    from specdec_edge.bench.spec_bench import BenchPrompt, run_bench, to_markdown
 
     typical = plain.with_method("medusa-typical", k=4, epsilon=0.2, delta=0.5)
     assert (typical.rule.epsilon, typical.rule.delta, typical.rule.lossy) == (0.2, 0.5, True)

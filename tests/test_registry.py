@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.bench import check_methods
+from specdec_edge.bench.spec_bench import check_methods
 from specdec_edge.cli import main
 from specdec_edge.speculative.acceptance import ExactAcceptance, TypicalAcceptance
 from specdec_edge.speculative.methods import (

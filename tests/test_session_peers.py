@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.session_peers import merge, peer_turn, same_turns, token_bound, turn_plan
-from specdec_edge.sessions import Session, play, sessions_markdown
+from specdec_edge.bench.sessions import Session, play, sessions_markdown
 from tests.test_sessions import prompts, roomy_bundle  # noqa: F401 (a fixture)
 
 
@@ -72,7 +72,7 @@ def test_token_bound_holds_the_longest_context():
 
 def test_merged_report_of_two_bundles_and_a_peer(roomy_bundle, tmp_path):  # noqa: F811
     from specdec_edge.api.pipeline import Pipeline
-    from specdec_edge.sessions import build_sessions, run_sessions, session_result
+    from specdec_edge.bench.sessions import build_sessions, run_sessions, session_result
 
     session = next(s for s in build_sessions(prompts(tmp_path), n=1) if s.kind == "spec-bench")
     kw = dict(modes=["none", "reuse"], max_new_tokens=3, progress=False)

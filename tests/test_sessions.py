@@ -1,4 +1,4 @@
-"""`bench --sessions` (``specdec_edge/sessions.py``) on the tiny bundle: every kind of session, every row, each
+"""`bench --sessions` (``specdec_edge/bench/sessions.py``) on the tiny bundle: every kind of session, every row, each
 turn timed and compared with plain's; JSON, Markdown and PNG written."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from specdec_edge.bench.sessions import KINDS, MODES, build_sessions
 from specdec_edge.cli import main
-from specdec_edge.sessions import KINDS, MODES, build_sessions
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_sessions_replay_given_requests(roomy_bundle, tmp_path):
     """A report's requests, given to another run, are what every row of that run sends (the same prompts on
     another bundle or runtime); the conversation turns carry the first run's answers, not the second's."""
     from specdec_edge.api.pipeline import Pipeline
-    from specdec_edge.sessions import run_sessions
+    from specdec_edge.bench.sessions import run_sessions
 
     sessions = [s for s in build_sessions(prompts(tmp_path), n=1) if s.kind in ("spec-bench", "agent")]
     with Pipeline.load(roomy_bundle, method="plain", threads=1, history=False) as pipe:

@@ -1,7 +1,7 @@
 """Session benchmark (`specdec-edge bench --sessions`): multi-turn sessions, every turn timed on its own.
 
     from specdec_edge import Pipeline
-    from specdec_edge.sessions import build_sessions, run_sessions, sessions_markdown
+    from specdec_edge.bench.sessions import build_sessions, run_sessions, sessions_markdown
     pipe = Pipeline.load("bundles/smollm2", method="plain", threads=2)
     print(sessions_markdown(run_sessions(pipe, ["plain", "auto"], build_sessions(n=1))))
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specdec_edge.bench import load_prompts, model_name, plot_bars, versions
+from specdec_edge.bench.spec_bench import load_prompts, model_name, plot_bars, versions
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, HistoryStore
 from specdec_edge.speculative.methods import METHODS

@@ -1,7 +1,7 @@
 """Benchmark speculative methods against plain greedy decoding, per Spec-Bench category.
 
     from specdec_edge import Pipeline
-    from specdec_edge.bench import load_prompts, run_bench, to_markdown
+    from specdec_edge.bench.spec_bench import load_prompts, run_bench, to_markdown
     pipe = Pipeline.load("bundles/smollm2", threads=2)
     report = run_bench(pipe, ["plain", "pld"], load_prompts(n_per_category=2))
     print(to_markdown(report))
@@ -40,7 +40,7 @@ from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.stats import Stats, add_stats, proposer_summary
 from specdec_edge.tokenizer import plain_text
 
-DEFAULT_PROMPTS = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
+DEFAULT_PROMPTS = Path(__file__).parent.parent / "data" / "spec_bench_question.jsonl"
 OVERALL = "overall"
 CHAT_FORMAT = "chat template"
 PLAIN_FORMAT = "plain text: no chat template (base model), turns joined as paragraphs"
