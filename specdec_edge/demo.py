@@ -7,7 +7,7 @@ from importlib import resources
 
 from specdec_edge.api.pipeline import Pipeline
 from specdec_edge.bundle.manifest import read_manifest
-from specdec_edge.default_model import DEFAULT_DTYPE, default_bundle
+from specdec_edge.export.default_model import DEFAULT_DTYPE, default_bundle
 from specdec_edge.progress import to_stderr
 from specdec_edge.speculative.methods import default_method
 

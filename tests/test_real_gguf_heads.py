@@ -25,7 +25,7 @@ PROMPTS = [
 
 
 def test_add_heads_to_the_real_gguf_bundle(tmp_path_factory):
-    from specdec_edge.default_model import default_gguf
+    from specdec_edge.export.default_model import default_gguf
     from specdec_edge.export.exporter import export_bundle
     from specdec_edge.export.head_export import add_heads
 

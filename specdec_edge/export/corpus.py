@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-shard", type=int, default=CorpusSettings.per_shard)
     a = p.parse_args(argv)
     if a.bundle is None:
-        from specdec_edge.default_model import default_bundle
+        from specdec_edge.export.default_model import default_bundle
 
         a.bundle = default_bundle()
     settings = CorpusSettings(seed=a.seed, per_shard=a.per_shard)

