@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.cli import main
-from specdec_edge.cli_run import unescape
+from specdec_edge.cli.run import unescape
 
 
 def run(*args, input=None):

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from specdec_edge.cli import main
-from specdec_edge.cli_options import parse_options
+from specdec_edge.cli.options import parse_options
 
 
 def test_parse_options_types_and_errors():

@@ -23,7 +23,7 @@ def heavy_modules(res: subprocess.CompletedProcess) -> str:
 def test_pipeline_generates_without_heavy_imports(tiny_bundle):
     res = run_clean(f"""
         import specdec_edge.api.pipeline, specdec_edge.runtime, specdec_edge.speculative.loop
-        import specdec_edge.speculative.proposers, specdec_edge.speculative.stats, specdec_edge.cli_run
+        import specdec_edge.speculative.proposers, specdec_edge.speculative.stats, specdec_edge.cli.run
         from specdec_edge import Pipeline
         result = Pipeline.load({str(tiny_bundle)!r}).generate("The quick brown fox", max_new_tokens=8)
         print("TOKENS", len(result.token_ids))

@@ -142,7 +142,7 @@ def test_command_help_and_errors(tmp_path):
     from click.testing import CliRunner
 
     from specdec_edge.cli import main
-    from specdec_edge.cli_serve import is_loopback
+    from specdec_edge.cli.serve import is_loopback
 
     res = CliRunner().invoke(main, ["serve", "-h"])
     assert res.exit_code == 0 and "Examples:" in res.output and "[default: 127.0.0.1]" in res.output

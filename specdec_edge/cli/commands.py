@@ -1,7 +1,8 @@
-"""The `specdec-edge` command line: a thin click layer over the public API.
+"""The `specdec-edge` command group (``main``) and its export-side commands: a thin click layer over the public API.
 
 Heavy imports (torch, transformers) happen inside `export` only, so `chat`,
-`generate` and `info` start fast and run on the light runtime.
+`generate` and `info` start fast and run on the light runtime. `chat`/`generate` (``run.py``), `bench`
+(``bench.py``) and `serve` (``serve.py``) are added to the group from their own modules.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import sys
 import click
 
 from specdec_edge import __version__
-from specdec_edge.bundle.schema import Manifest, ModelSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.trt_libraries import ENGINE_KINDS
-from specdec_edge.speculative.methods import HEAD_METHODS, METHODS, available_methods
+from specdec_edge.speculative.methods import HEAD_METHODS, METHODS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -305,125 +305,14 @@ def info(bundle, as_json):
     Example:
       specdec-edge info bundles/smollm2 --json
     """
-    from specdec_edge.api.step_costs import costs_of_bundle
-    from specdec_edge.bundle.hashes import check_hashes
-    from specdec_edge.bundle.manifest import read_manifest
-    from specdec_edge.exactness import Verdict, describe, recorded_verdict
-    from specdec_edge.runtime.verdicts import cached_verdicts
+    from specdec_edge.cli.info import render, summarize
 
-    manifest = read_manifest(bundle)
-    check_hashes(bundle, manifest)  # what loading checks: a damaged file is named here too
-    summary = manifest_summary(manifest)
-    summary["methods"] = available_methods(manifest.draft is not None, manifest.heads)
-    costs = costs_of_bundle(bundle)
-    summary["step_costs"] = [c.to_json() for c in costs]
-    summary["verdicts"] = [{**recorded_verdict(manifest.target.graph).to_json(), "measured": "at export"}]
-    summary["verdicts"] += [
-        {**v, "measured": "on first use"} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
-    ]
+    summary, costs = summarize(bundle)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(
-        f"bundle {bundle} (schema {summary['schema_version']}, exported by specdec-edge "
-        f"{summary['exporter']['version']} on {summary['exporter'].get('created', '?')})"
-    )
-    for role in ("target", "draft"):
-        m = summary[role]
-        if m is None:
-            continue
-        v = m["validation"]
-        click.echo(f"  {role}: {m['source']}")
-        click.echo(
-            f"    {m['architecture']}, {m['layers']} layers, vocab {m['vocab_size']}, {m['dtype']}, "
-            f"{m['flavour']} graph, cache {m['cache_capacity']} tokens"
-            + (", hidden states" if m["hidden_states"] else "")
-            + (f", features of layers {m['feature_layers']}" if m.get("feature_layers") else "")
-        )
-        click.echo(
-            f"    validation vs PyTorch: max rel err {_number(v.get('max_rel_err'), '.2e')} "
-            f"(tolerance {v.get('tolerance')}), top-1 agreement {_number(v.get('top1_agreement'), '.0%')}"
-        )
-        if role == "target":
-            for verdict in summary["verdicts"]:
-                bounds = verdict["details"].get("boundaries") or []
-                device = verdict["device"] if isinstance(verdict["device"], dict) else {}  # any JSON value: formatted
-                where = f"{device.get('name', '?')} ({device.get('provider', '?')}, threads "
-                where += f"{device.get('threads', '?')}, {verdict['measured']})"
-                click.echo(f"    exactness on {where}: {describe(Verdict.from_json(verdict), m['dtype'])}")
-                if bounds:
-                    click.echo(f"      passes never straddle key counts {bounds} (the kernels round differently there)")
-    for method, h in summary["heads"].items():
-        tree = ", ".join(f"{k} {v}" for k, v in h["tree"].items()) or "proposer defaults"
-        tokens = f"{h['training_tokens']:,}" if isinstance(h["training_tokens"], int) else "?"
-        click.echo(
-            f"  {method} heads: draft vocab {h['draft_vocab']}, tree: {tree}; trained on {tokens} tokens; "
-            f"max rel err vs PyTorch {_number(h['max_rel_err'], '.1e')}"
-        )
-    if summary["default_method"]:
-        click.echo(f"  default method: {summary['default_method']}")
-    click.echo(f"  methods: {', '.join(summary['methods'])}")
-    template = "yes" if summary["chat_template"] else "no (a base model: plain text; chat runs in completion mode)"
-    click.echo(f"  eos ids {summary['eos_token_ids']}, chat template: {template}")
-    click.echo(f"  {summary['files']} files, {summary['total_bytes'] / 1e6:.1f} MB")
-    if not costs:
-        click.echo("  step costs: not measured on this machine yet (auto measures them on first use, ~seconds)")
-    for c in costs:
-        key = c.key
-        click.echo(f"  step costs on {key['device']} ({key['provider']}, threads {key['threads']}):")
-        for line in c.describe().splitlines():
-            click.echo(f"    {line}")
-
-
-def manifest_summary(manifest: Manifest) -> dict:
-    """A short JSON-able summary for `specdec-edge info`."""
-
-    def model(m: ModelSpec | None):
-        if m is None:
-            return None
-        g = m.graph
-        return {
-            "source": m.source,
-            "architecture": m.architecture,
-            "graph": g.path,
-            "flavour": g.flavour,
-            "dtype": g.dtype,
-            "layers": g.cache.num_layers,
-            "cache_capacity": g.cache.capacity,
-            "vocab_size": g.vocab_size,
-            "hidden_states": g.has_hidden_states,
-            "feature_layers": list(g.feature_layers),
-            "batch_invariant": g.batch_invariant,
-            "min_pass_width": g.min_pass_width,
-            "tree_invariant": g.tree_invariant,
-            "validation": m.validation,
-        }
-
-    return {
-        "schema_version": manifest.schema_version,
-        "exporter": manifest.exporter,
-        "target": model(manifest.target),
-        "draft": model(manifest.draft),
-        "eos_token_ids": list(manifest.tokenizer.eos_token_ids),
-        "chat_template": manifest.tokenizer.chat_template is not None,
-        "files": len(manifest.files),
-        "total_bytes": sum(e["size"] for e in manifest.files.values()),
-        "heads": {
-            m: {
-                "draft_vocab": h.config.get("draft_vocab"),
-                "tree": h.tree,
-                "training_tokens": h.training.get("tokens"),
-                "max_rel_err": h.validation.get("max_rel_err"),
-            }
-            for m, h in manifest.heads.items()
-        },
-        "default_method": manifest.default_method or "auto",
-    }
-
-
-def _number(x, spec: str) -> str:
-    """``x`` formatted with ``spec``, or "?" when the manifest holds no number there."""
-    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
+    for line in render(bundle, summary, costs):
+        click.echo(line)
 
 
 @main.command(context_settings=CONTEXT)
@@ -544,7 +433,7 @@ def demo(prompt, method, k, max_new_tokens, dtype, threads):
       specdec-edge demo
       specdec-edge demo --prompt "Repeat this sentence twice: the cat sat on the mat." --method lookahead
     """
-    from specdec_edge.demo import run_demo
+    from specdec_edge.cli.demo import run_demo
 
     run_demo(
         prompt,
@@ -559,9 +448,9 @@ def demo(prompt, method, k, max_new_tokens, dtype, threads):
 
 
 def _register_runtime_commands() -> None:
-    from specdec_edge.cli_bench import bench
-    from specdec_edge.cli_run import chat, generate
-    from specdec_edge.cli_serve import serve
+    from specdec_edge.cli.bench import bench
+    from specdec_edge.cli.run import chat, generate
+    from specdec_edge.cli.serve import serve
 
     main.add_command(chat)
     main.add_command(generate)

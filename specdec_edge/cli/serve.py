@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from specdec_edge.api.prompt_cache import DEFAULT_MB
-from specdec_edge.cli_run import CONTEXT, LoadSettings, history_options, load, pipeline_options
+from specdec_edge.cli.run import CONTEXT, LoadSettings, history_options, load, pipeline_options
 
 
 def describe_reuse(pipe, reuse: bool) -> str:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from specdec_edge.cli_options import K_OPTION
+from specdec_edge.cli.options import K_OPTION
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.methods import METHODS, options_help
 
@@ -147,7 +147,7 @@ def bench(
         run_bench,
         to_markdown,
     )
-    from specdec_edge.cli_options import parse_options
+    from specdec_edge.cli.options import parse_options
     from specdec_edge.progress import to_stderr
 
     for path, option in ((json_out, "--json"), (md_out, "--md"), (plot_out, "--plot")):

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import click
 
-from specdec_edge.cli_options import K_OPTION
+from specdec_edge.cli.options import K_OPTION
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.sampling import SamplingParams
@@ -179,7 +179,7 @@ def load(settings: LoadSettings, template_file: str | None = None):
     """The pipeline ``settings`` describe (with the chat template of ``template_file``); what takes a while to
     measure on first use is reported on stderr."""
     from specdec_edge.api.pipeline import Pipeline
-    from specdec_edge.cli_options import parse_options
+    from specdec_edge.cli.options import parse_options
     from specdec_edge.progress import to_stderr
     from specdec_edge.tokenizer import read_chat_template
 
