@@ -1,4 +1,4 @@
-"""The light runtime (pipeline, loop, engine, `chat`/`generate`) never imports torch or transformers."""
+"""The light runtime (api, loop, engines, bundle, bench, `chat`/`generate`/`info`) imports no torch or transformers."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def test_pipeline_generates_without_heavy_imports(tiny_bundle):
     res = run_clean(f"""
         import specdec_edge.api.pipeline, specdec_edge.runtime, specdec_edge.speculative.loop
         import specdec_edge.speculative.proposers, specdec_edge.speculative.stats, specdec_edge.cli.run
+        import specdec_edge.bundle.hashes, specdec_edge.bundle.write, specdec_edge.bench.sessions
+        import specdec_edge.cli.info, specdec_edge.export.default_model
         from specdec_edge import Pipeline
         result = Pipeline.load({str(tiny_bundle)!r}).generate("The quick brown fox", max_new_tokens=8)
         print("TOKENS", len(result.token_ids))
