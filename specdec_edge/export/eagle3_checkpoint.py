@@ -16,7 +16,7 @@ The embedding is not stored: the engines take the target's, as for the reference
 weights are the heads folder's fp16 values, bit for bit. ``read_checkpoint`` reads such a folder back
 (ours, or one trained elsewhere in this layout) as heads-folder tensors, so ``export --heads`` takes it.
 No serving engine runs on this machine: the layout is checked against the reference names and shapes
-(tests/test_eagle3.py), not by loading it into vLLM.
+(tests/export/test_eagle3.py), not by loading it into vLLM.
 """
 
 from __future__ import annotations

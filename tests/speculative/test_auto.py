@@ -23,8 +23,8 @@ from specdec_edge.speculative.methods import Resources, auto_candidates
 from specdec_edge.speculative.predictors import NodeRates, prefix_order
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
-from tests.test_acceptance import CHI2_CRIT_DF7_P001
-from tests.test_methods import TEXTS, assert_greedy_equals_plain
+from tests.speculative.test_acceptance import CHI2_CRIT_DF7_P001
+from tests.speculative.test_methods import TEXTS, assert_greedy_equals_plain
 
 
 def scripted_costs(row_cost: float, base: float = 0.01) -> CostModel:

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdec_edge import Pipeline
 from tests.tiny_models import make_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-123"
 PROMPTS = ["The quick brown fox", "Speculative decoding proposes", "def add(a, b):", "héllo wörld", "Summarize"]
 LONG = 16000  # new tokens the long bundle can give: over 10 s of generation here, far beyond --timeout 3

@@ -23,7 +23,7 @@ from specdec_edge.speculative.methods import (
     methods_table,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def choices(command: str, option: str) -> list[str]:

@@ -20,8 +20,8 @@ from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.loop import prefill
-from tests.test_heads import assert_first_token_keeps_the_distribution
-from tests.test_methods import assert_greedy_equals_plain, many_prompts
+from tests.export.test_heads import assert_first_token_keeps_the_distribution
+from tests.speculative.test_methods import assert_greedy_equals_plain, many_prompts
 
 # The tensors of an EAGLE-3 checkpoint as the reference EAGLE repository saves them and vLLM's and SGLang's
 # LlamaForCausalLMEagle3 loaders read them (embed_tokens optional: shared with the target when absent),

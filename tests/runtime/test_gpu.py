@@ -16,7 +16,7 @@ from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 from specdec_edge.runtime.threads import CpuThreads
-from tests.test_backends_cpu import drive
+from tests.runtime.test_backends_cpu import drive
 
 
 @pytest.mark.gpu

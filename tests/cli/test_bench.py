@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from specdec_edge.bench.spec_bench import KEYS, OVERALL, load_prompts
 from specdec_edge.cli import main
 from specdec_edge.errors import SpecdecError
-from tests.test_light_runtime import heavy_modules, run_clean
+from tests.unit.test_light_runtime import heavy_modules, run_clean
 
 PROMPTS = [
     {"question_id": 1, "category": "copy", "turns": ["The quick brown fox jumps over the lazy dog."]},

@@ -14,7 +14,7 @@ from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.cli import main
 from specdec_edge.export.arch import REGISTRY
 from specdec_edge.export.exporter import export_bundle
-from tests.test_methods import many_prompts
+from tests.speculative.test_methods import many_prompts
 from tests.tiny_models import make_model
 
 MANY = many_prompts(8, seed=11)
@@ -105,7 +105,7 @@ def test_precisions_export_validate_and_speculate_exactly(tiny_llama_dir, tmp_pa
                 Pipeline.load(out, method="pld", threads=1)
             return
     assert m.target.graph.min_pass_width == (1 if invariance["single_row_matches"] else 2)
-    from tests.test_methods import assert_greedy_equals_plain
+    from tests.speculative.test_methods import assert_greedy_equals_plain
 
     plain = Pipeline.load(out, method="plain", threads=1)
     assert_greedy_equals_plain(plain, plain.with_method("pld"), prompts=MANY[:8])  # chains: no allow_inexact needed

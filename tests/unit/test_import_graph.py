@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "specdec_edge"
+PACKAGE = Path(__file__).resolve().parents[2] / "specdec_edge"
 
 
 def module_name(path: Path) -> str:

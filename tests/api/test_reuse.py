@@ -24,7 +24,7 @@ TURNS = [
     "And the lazy dog? The quick brown fox jumps over the lazy dog again.",
     "Summarize both in one line: the quick brown fox and the lazy dog.",
 ]
-# method -> bundle fixture (every registered method; tests/test_proposer_contract.py keeps the registry covered)
+# method -> bundle fixture (every registered method; speculative/test_proposer_contract.py keeps the registry covered)
 SESSIONS = {
     "tiny_self_bundle": ["draft"],  # draft == target: its proposals are accepted, so they are tested
     "tiny_bundle": ["pld", "lookahead", "history", "auto"],  # history: drafts from the pipeline's store too

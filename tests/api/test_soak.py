@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
 def load_soak():

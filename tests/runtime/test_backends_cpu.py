@@ -2,7 +2,7 @@
 
 Generated TensorRT profiles and EP options, sidecar validation, the EPContext-on-CPU error, the
 onnxruntime/onnxruntime-gpu conflict warning, and OrtGpuEngine's binding/compaction/ping-pong logic
-on the CPU (device="cpu") against OrtEngine. What needs the hardware is in tests/test_gpu.py.
+on the CPU (device="cpu") against OrtEngine. What needs the hardware is in tests/runtime/test_gpu.py.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from specdec_edge.runtime.sessions import create_session, ort_package_conflict, 
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.trt_profiles import tensorrt_ep_options, tensorrt_profiles
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def graph_spec(layers=2, kv_heads=2, head_dim=16, capacity=256, dtype="fp32", flavour="portable") -> GraphSpec:

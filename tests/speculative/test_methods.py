@@ -18,7 +18,7 @@ from specdec_edge.speculative.lookup import PromptLookupProposer, lookup
 from specdec_edge.speculative.loop import decode
 from specdec_edge.speculative.proposal import Proposal, Proposer
 from specdec_edge.speculative.stats import Stats
-from tests.test_acceptance import CHI2_CRIT_DF7_P001, _chi2, _random_dist
+from tests.speculative.test_acceptance import CHI2_CRIT_DF7_P001, _chi2, _random_dist
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
 def run_sample(*args, env=None, timeout=60):
@@ -74,7 +74,7 @@ def test_chat_window_streams_and_stops(tiny_bundle, xvfb_display):
 
 
 def test_openai_client_sample(tiny_bundle, tmp_path):
-    from tests.test_serve import KEY, Served
+    from tests.serve.test_serve import KEY, Served
 
     server = Served(Path(tiny_bundle), tmp_path / "server.log", "--api-key", KEY)
     try:

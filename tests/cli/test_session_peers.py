@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.session_peers import merge, peer_turn, same_turns, token_bound, turn_plan
 from specdec_edge.bench.sessions import Session, play, sessions_markdown
-from tests.test_sessions import prompts, roomy_bundle  # noqa: F401 (a fixture)
+from tests.cli.test_sessions import prompts, roomy_bundle  # noqa: F401 (a fixture)
 
 
 def test_turn_plan_keeps_the_common_prefix_and_computes_the_last_token():

@@ -25,10 +25,10 @@ from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
 from specdec_edge.speculative.stats import Stats
-from tests.test_acceptance import CHI2_CRIT_DF7_P001
-from tests.test_light_runtime import heavy_modules, run_clean
-from tests.test_methods import assert_greedy_equals_plain
+from tests.speculative.test_acceptance import CHI2_CRIT_DF7_P001
+from tests.speculative.test_methods import assert_greedy_equals_plain
 from tests.tiny_models import TRAIN
+from tests.unit.test_light_runtime import heavy_modules, run_clean
 
 
 @pytest.fixture(scope="module")
@@ -401,7 +401,7 @@ def test_train_draft_cli(tmp_path, trained, prompts_file):
     assert res.exit_code == 2 and "other settings" in res.output
 
 
-SHIPPED = Path(__file__).resolve().parent.parent / "specdec_edge" / "data" / "heads"
+SHIPPED = Path(__file__).resolve().parents[2] / "specdec_edge" / "data" / "heads"
 
 
 @pytest.mark.skipif(not SHIPPED.is_dir(), reason="no shipped heads")
@@ -431,7 +431,7 @@ def test_add_heads_to_a_quantized_bundle_works_like_exporting_with_them(tmp_path
     from specdec_edge.exactness import recorded_verdict, trees_exact
     from specdec_edge.export.exporter import export_bundle
     from specdec_edge.export.head_export import add_heads, target_weights
-    from tests.test_methods import assert_greedy_equals_plain
+    from tests.speculative.test_methods import assert_greedy_equals_plain
 
     base = export_bundle(str(tiny_llama_dir), tmp_path / dtype, dtype=dtype, capacity=256, hidden_states=True,
                          progress=False)  # fmt: skip

@@ -3,7 +3,7 @@
 Sidecar checks, backend selection and their errors run everywhere. Tests marked `trt_rtx` need the
 tensorrt_rtx module (``pip install 'specdec-edge[trt-rtx]'``, not installed by CI: a 95 MB download) and
 no GPU: TensorRT-RTX builds engines ahead of time for named compute capabilities on any machine.
-Running an engine needs an RTX GPU: tests/test_gpu.py.
+Running an engine needs an RTX GPU: tests/runtime/test_gpu.py.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_batched_answers_equal_the_runtimes_answers_and_features(tmp_path, tiny_
     """The torch batch path gives what the runtime's FeatureTap collects: the same greedy tokens and features."""
     from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.export.draft_data import _answer, prepare_bundle
-    from tests.test_methods import many_prompts
+    from tests.speculative.test_methods import many_prompts
 
     model, tok = tiny
     bundle = prepare_bundle(str(tiny_llama_dir), tmp_path, 256, progress=False, layers=True)

@@ -11,7 +11,7 @@ import pytest
 
 from specdec_edge.runtime.device import _cpuinfo, cpu_features, describe_cpu, device_name
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 X86 = (
     "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2\n\n"
     "processor\t: 1\n"
