@@ -57,9 +57,9 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_edge import Pipeline
-from specdec_edge.bench import load_prompts, require_matplotlib
-from specdec_edge.bundle import read_manifest
+from specdec_edge.api.pipeline import Pipeline
+from specdec_edge.bench.spec_bench import load_prompts, require_matplotlib
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.speculative.methods import default_method
 
 

@@ -48,7 +48,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from specdec_edge.bundle import CacheSpec, GraphSpec, read_manifest
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.schema import CacheSpec, GraphSpec
 from specdec_edge.export.arch import LLAMA
 from specdec_edge.export.exporter import contract_inputs, contract_outputs
 from specdec_edge.export.graph import EMBED, DecoderConfig, build_decoder, save

@@ -73,7 +73,7 @@ fi
 } | tee "$OUT/env.txt"
 
 # Tests first (they are short): the GPU half of the test suite.
-timeout 120 "$PY" -m pytest -q -m "gpu or trt or trt_rtx" tests/test_gpu.py tests/test_trt_rtx.py 2>&1 \
+timeout 120 "$PY" -m pytest -q -m "gpu or trt or trt_rtx" tests/runtime/test_gpu.py tests/runtime/test_trt_rtx.py 2>&1 \
   | tail -25 | tee "$OUT/tests.txt"
 timeout 450 "$PY" scripts/gpu_check.py "${backends[*]}" "$OUT" "$MODEL" 2>&1 | tee "$OUT/log.txt"
 exit "${PIPESTATUS[0]}"

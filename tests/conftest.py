@@ -127,7 +127,7 @@ def ort_fp16_bundle(tmp_path_factory, tiny_llama_dir):
 @pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory):
     """A text file of prompts, one a line, for training tiny heads."""
-    from tests.test_methods import many_prompts
+    from tests.speculative.test_methods import many_prompts
 
     path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
     path.write_text("\n".join(str(p) for p in many_prompts(12, seed=3) if isinstance(p, str)) + "\n")

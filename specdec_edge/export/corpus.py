@@ -320,8 +320,8 @@ def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, an
          log=print) -> Corpus:  # fmt: skip
     """Append shards to the corpus in ``folder`` until it holds ``answer_tokens_goal`` answer tokens (or
     ``max_minutes`` pass, or ``max_shards`` more were written); a rerun continues after the last whole shard."""
-    from specdec_edge.bundle import read_manifest
-    from specdec_edge.pipeline import Pipeline
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.bundle.manifest import read_manifest
 
     root = Path(bundle)
     corpus = Corpus(folder, model_identity(root, read_manifest(root)), settings)
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-shard", type=int, default=CorpusSettings.per_shard)
     a = p.parse_args(argv)
     if a.bundle is None:
-        from specdec_edge.default_model import default_bundle
+        from specdec_edge.export.default_model import default_bundle
 
         a.bundle = default_bundle()
     settings = CorpusSettings(seed=a.seed, per_shard=a.per_shard)

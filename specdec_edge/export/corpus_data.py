@@ -53,8 +53,9 @@ def corpus_data(
     request in ``held_out_every`` is held out (``corpus.held_out``)."""
     from tqdm import tqdm
 
-    from specdec_edge.bundle import manifest_digest, read_manifest
-    from specdec_edge.pipeline import Pipeline
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.bundle.hashes import manifest_digest
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.speculative.features import FeatureTap
 
     corpus = Corpus.read(corpus_dir)

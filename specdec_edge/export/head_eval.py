@@ -18,8 +18,8 @@ def chain_acceptance(
     threads: int | None = None,
 ) -> dict:  # fmt: skip
     """{"top1", "accepted_at_depth": {d: mean accepted}, "tokens_per_pass", "passes", "prompts"} on ``bundle``."""
+    from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.export.head_export import add_heads
-    from specdec_edge.pipeline import Pipeline
 
     lengths: Counter = Counter()
     new_tokens = steps = 0

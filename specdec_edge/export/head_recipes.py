@@ -3,7 +3,7 @@
 A ``HeadRecipe`` says how a head is sized for a target, which torch module it is, how it is
 trained (loss, default epochs), how it becomes an ONNX graph (wrapper, input/output names,
 dynamic axes, validation inputs) and which tree settings a bundle records for it. Adding a head
-method means adding a recipe to ``RECIPES``; tests/test_heads.py exports and validates each one.
+method means adding a recipe to ``RECIPES``; tests/export/test_heads.py exports and validates each one.
 """
 
 from __future__ import annotations

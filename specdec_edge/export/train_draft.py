@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import Manifest, read_manifest
-from specdec_edge.bundle_write import disk_errors, prepare_out_dir
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.schema import Manifest
+from specdec_edge.bundle.write import disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
 from specdec_edge.export.draft_data import batches, draft_vocabulary, generate_data, load_prompt_texts, prepare_bundle
 from specdec_edge.export.head_export import target_final_norm, target_weights
