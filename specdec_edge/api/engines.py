@@ -30,6 +30,7 @@ from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.proposal import Proposer
+from specdec_edge.speculative.table import NgramTable
 
 # (the engine the loop drives, the proposers whose own cost to measure) -> the device's step costs
 StepCosts = Callable[[Engine, Mapping[str, Proposer]], CostModel]
@@ -52,6 +53,7 @@ class Engines:
         verdict: Verdict | None = None,
         step_costs: StepCosts | None = None,
         prompt_cache: PromptCache | None = None,
+        table: NgramTable | None = None,
     ):
         if verdict is None:
             verdict = to_verdict(measure(target), {})
@@ -61,6 +63,7 @@ class Engines:
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
         self.lease = EngineLease()
         self.prompt_cache = prompt_cache
+        self.table = table  # the bundle's n-gram table (speculative/table.py), or None
         self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
 
     def decoder(self, engine: Engine, proposer: Proposer, rule, k: int, eos_ids) -> Decoder:
@@ -120,4 +123,5 @@ def open_engines(
 
     heads = load_head_graphs(root, manifest.heads, cpu)
     cache = PromptCache(int(prompt_cache_mb * 2**20), manifest_digest(root)) if prompt_cache_mb else None
-    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs, prompt_cache=cache)
+    table = None if manifest.ngram_table is None else NgramTable.load(root / manifest.ngram_table)
+    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs, prompt_cache=cache, table=table)

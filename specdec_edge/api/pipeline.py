@@ -343,7 +343,9 @@ def _method_decoder(engines: Engines, spec, k: int, options: dict, allow_inexact
         return engines.step_costs(engine, proposers)
 
     slot = HistorySlot()  # which history store the call running now drafts from (``generation.py`` sets it)
-    resources = Resources(engine, engines.draft, engines.heads, trees=trees, costs=costs, history=slot)
+    resources = Resources(
+        engine, engines.draft, engines.heads, trees=trees, costs=costs, history=slot, table=engines.table
+    )
     proposer = spec.build(resources, proposer_options)
     if proposer.branches:  # refused (naming the fixes) where trees are not exact
         decision = decide(verdict, dtype, speculative=True, branches=True, allow_inexact=allow_inexact)

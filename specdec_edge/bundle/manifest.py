@@ -248,6 +248,8 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
             need(ok, f"heads.{method}.tree.{key} = {value!r}")
     need(m.default_method is None or isinstance(m.default_method, str), f"default_method = {m.default_method!r}")
     need(isinstance(m.engines, list) and all(isinstance(e, dict) for e in m.engines), "engines is not a list")
+    if m.ngram_table is not None:
+        listed(m.ngram_table, "the n-gram table")
     for entry in m.engines:
         for key in ("file", "sidecar"):
             if key in entry:

@@ -133,6 +133,7 @@ class Manifest:
     heads: dict[str, HeadSpec] = field(default_factory=dict)  # trained draft heads by method (HEAD_SECTIONS)
     engines: list = field(default_factory=list)  # prebuilt TensorRT engines (runtime/prebuilt.py)
     default_method: str | None = None  # what a pipeline runs when none is asked for (else auto)
+    ngram_table: str | None = None  # an n-gram table of the model's own text (speculative/table.py), for auto
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -169,4 +170,5 @@ class Manifest:
             heads=heads(data.get("heads") or {}),
             engines=list(data.get("engines", [])),
             default_method=data.get("default_method"),
+            ngram_table=data.get("ngram_table"),
         )

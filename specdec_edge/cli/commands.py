@@ -96,6 +96,13 @@ def main():
     help="Jinja chat template file (or a tokenizer_config.json holding one) to store in the bundle instead of "
     "the model's own, e.g. for a base model that has none.",
 )
+@click.option(
+    "--ngram-table",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="An n-gram table of the model's own text (`specdec-edge corpus DIR --table FILE`) for auto to draft from; "
+    "it pays most where one-row passes are padded to two (the spare row carries its guess).",
+)
 @click.option("--revision", default=None, help="Model revision (Hugging Face ids only).")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out directory.")
 def export(
@@ -109,6 +116,7 @@ def export(
     heads,
     default_method,
     template_file,
+    ngram_table,
     revision,
     force,
 ):
@@ -146,6 +154,7 @@ def export(
         chat_template=read_chat_template(template_file) if template_file else None,
         force=force,
         revision=revision,
+        ngram_table=ngram_table,
     )
     click.echo(f"Wrote bundle {path}")
 
@@ -174,6 +183,29 @@ def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
     help="Spec-Bench style JSONL (first turns are used) or a text file, one prompt a line; `spec-bench`: the "
     "packaged Spec-Bench copy. Default: prompts the target writes itself (see --self-prompts).",
 )
+@click.option(
+    "--corpus",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Train on a corpus folder (`specdec-edge corpus`) instead of --prompts: its requests and answers, with "
+    "the features of --target (give the bundle the heads will run on, exported with --hidden-states, to train on "
+    "its own features; a model file trains on fp32 features). One request in --held-out-every is kept apart.",
+)
+@click.option(
+    "--held-out-every", type=click.IntRange(min=2), default=50, show_default=True,
+    help="With --corpus: one request in this many is held out of training (chosen by a hash of its text).",
+)  # fmt: skip
+@click.option(
+    "--eval-bundle",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="After each epoch, add the heads to a copy of this bundle and measure on held-out requests their first "
+    "token's top-1 and the mean accepted chain at depth 1-4 (OUT/METHOD/epochs.jsonl). Needs --corpus.",
+)
+@click.option(
+    "--eval-prompts", type=click.IntRange(min=1), default=24, show_default=True,
+    help="Held-out requests answered by the --eval-bundle check.",
+)  # fmt: skip
 @click.option(
     "--self-prompts",
     type=click.IntRange(min=1),
@@ -261,6 +293,8 @@ def train_draft(method, target, out, **settings):
       specdec-edge export --target ./SmolLM2-135M-Instruct.Q4_1.gguf --heads heads-work/eagle --out bundles/eagle
       specdec-edge train-draft --method eagle3 --target ./SmolLM2-135M-Instruct.Q4_1.gguf --out heads-work
       specdec-edge train-draft --method eagle --target ./model --prompts my-requests.txt --out heads-work
+      specdec-edge train-draft --method eagle --target bundles/gguf-hs --corpus corpus/smollm2-135m-instruct \
+        --eval-bundle bundles/gguf-hs --out heads-work      # the bundle's own features, checked each epoch
       specdec-edge export-drafter heads-work/eagle3 --out drafters/smollm2-eagle3   # for vLLM/SGLang/TRT-LLM
     """
     if not settings["spinning"]:  # before torch starts its OpenMP pool: waiting threads sleep instead of spin
@@ -270,6 +304,58 @@ def train_draft(method, target, out, **settings):
 
     folder = run(method, target, out, TrainSettings(**settings))  # the options are its fields, by name
     click.echo(f"Wrote {method} heads to {folder}; add them with `specdec-edge export --heads {folder} ...`")
+
+
+@main.command("corpus", context_settings=CONTEXT)
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--bundle", default=None, help="The bundle that writes and answers. Default: the default gguf bundle.")
+@click.option(
+    "--goal", type=click.IntRange(min=0), default=1_000_000, show_default=True,
+    help="Write shards until the corpus holds this many answer tokens (0: write none).",
+)  # fmt: skip
+@click.option("--max-minutes", type=float, default=None, help="Stop after the shard running at this time.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="Default: one per physical core.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="The corpus's seed.")
+@click.option(
+    "--per-shard", type=click.IntRange(1, 10_000), default=64, show_default=True,
+    help="Requests per shard: what an interruption loses at most. Every shard of a corpus uses the same.",
+)  # fmt: skip
+@click.option("--report", "show_report", is_flag=True, help="Print what the corpus holds (JSON) and stop.")
+@click.option(
+    "--table", type=click.Path(dir_okay=False), default=None,
+    help="Write an n-gram table of the corpus's answers to this file (for `export --ngram-table`) and stop.",
+)  # fmt: skip
+@click.option("--min-count", type=click.IntRange(min=1), default=2, show_default=True, help="With --table.")
+def corpus(folder, bundle, goal, max_minutes, threads, seed, per_shard, show_report, table, min_count):
+    """Grow a training corpus in shards: requests the model writes itself and its greedy answers (exact, by our
+    runtime). Stopped at any time, a rerun continues after the last whole shard; commit the shards so that the
+    corpus grows from session to session. Spec-Bench prompts and near-copies are kept out.
+
+    \b
+    Examples:
+      nice -n 10 specdec-edge corpus corpus/smollm2-135m-instruct --max-minutes 120
+      specdec-edge corpus corpus/smollm2-135m-instruct --report
+      specdec-edge corpus corpus/smollm2-135m-instruct --table smollm2.ngram.npz
+    """
+    import json
+
+    from specdec_edge.export import corpus as corpora
+
+    if show_report or table:
+        found = corpora.Corpus.read(folder)
+        if table:
+            made = corpora.ngram_table(found, min_count)
+            click.echo(f"Wrote an n-gram table of {made.entries} contexts to {corpora.save_table(made, table)}")
+        if show_report:
+            click.echo(json.dumps(corpora.report(found), indent=1))
+        return
+    if bundle is None:
+        from specdec_edge.export.default_model import default_bundle
+
+        bundle = default_bundle()
+    settings = corpora.CorpusSettings(seed=seed, per_shard=per_shard)
+    corpora.grow(bundle, folder, settings, answer_tokens_goal=goal, max_minutes=max_minutes, threads=threads,
+                 log=lambda m: click.echo(m, err=True))  # fmt: skip
 
 
 @main.command("export-drafter", context_settings=CONTEXT)

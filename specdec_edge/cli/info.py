@@ -69,6 +69,8 @@ def render(bundle: str | Path, summary: dict, costs: list) -> Iterator[str]:
             f"  {method} heads: draft vocab {h['draft_vocab']}, tree: {tree}; trained on {tokens} tokens; "
             f"max rel err vs PyTorch {_number(h['max_rel_err'], '.1e')}"
         )
+    if summary.get("ngram_table"):
+        yield f"  n-gram table: {summary['ngram_table']} (auto drafts from it)"
     if summary["default_method"]:
         yield f"  default method: {summary['default_method']}"
     yield f"  methods: {', '.join(summary['methods'])}"
@@ -127,6 +129,7 @@ def manifest_summary(manifest: Manifest) -> dict:
             for m, h in manifest.heads.items()
         },
         "default_method": manifest.default_method or "auto",
+        "ngram_table": manifest.ngram_table,
     }
 
 

@@ -25,7 +25,6 @@ import hashlib
 import json
 import platform
 import re
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -345,36 +344,6 @@ def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, an
     return corpus
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("folder", help="the corpus folder (made if missing; a rerun continues it)")
-    p.add_argument("--bundle", help="the bundle that writes and answers (default: the default gguf bundle)")
-    p.add_argument("--answer-tokens-goal", type=int, default=1_000_000)
-    p.add_argument("--max-minutes", type=float)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--per-shard", type=int, default=CorpusSettings.per_shard)
-    a = p.parse_args(argv)
-    if a.bundle is None:
-        from specdec_edge.export.default_model import default_bundle
-
-        a.bundle = default_bundle()
-    settings = CorpusSettings(seed=a.seed, per_shard=a.per_shard)
-    try:
-        grow(a.bundle, a.folder, settings, answer_tokens_goal=a.answer_tokens_goal, max_minutes=a.max_minutes,
-             threads=a.threads, log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
-    except ExportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 TOPICS = {  # keyword buckets for the report's topic spread (first match wins; the rest is "other")
     "coding": ("code", "python", "javascript", "function", "program", "sql", "java", "script", "api", "algorithm"),
     "math": ("calculate", "equation", "math", "solve", "number", "sum", "probability", "percent", "formula"),
@@ -416,3 +385,22 @@ def report(corpus: Corpus) -> dict:
         "machines": dict(Counter(s["machine"]["cpu"] for s in corpus.shards)),
         "seconds": round(sum(s["counts"]["seconds"] for s in corpus.shards)),
     }
+
+
+def ngram_table(corpus: Corpus, min_count: int = 2, every: int = 50):
+    """The n-gram table (``speculative/table.py``) of the corpus's training answers (held-out ones left out)."""
+    from specdec_edge.speculative.table import NgramTable
+
+    answers = (
+        ids[answer:]
+        for s in corpus.shards
+        for request, ids, answer in corpus.records(s)
+        if not held_out(request, every)
+    )
+    return NgramTable.build(answers, corpus.identity["vocab_size"], min_count)
+
+
+def save_table(table, path: str | Path) -> Path:
+    """Write ``table`` to ``path`` atomically."""
+    write_atomic(Path(path), write=table.save, suffix=".tmp.npz")
+    return Path(path)

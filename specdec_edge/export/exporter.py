@@ -8,6 +8,7 @@ only after every graph validated, so a failed or interrupted export leaves nothi
 from __future__ import annotations
 
 import datetime
+import shutil
 import sys
 import time
 from dataclasses import asdict, replace
@@ -103,6 +104,7 @@ def export_bundle(
     force: bool = False,
     revision: str | None = None,
     progress: bool = True,
+    ngram_table: str | Path | None = None,
 ) -> Path:
     """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path.
 
@@ -115,6 +117,8 @@ def export_bundle(
     ``default_method``: the method the bundle runs when none is asked for (an exact method it can run; default:
     none recorded, so auto).
     ``chat_template``: a Jinja chat template to store instead of the tokenizer's own (base models have none).
+    ``ngram_table``: an n-gram table of the model's own text (``speculative/table.py``, made from a corpus by
+    `specdec-edge corpus --table`) to copy into the bundle, where ``auto`` drafts from it.
     """
     if dtype not in DTYPES:
         raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
@@ -135,6 +139,7 @@ def export_bundle(
         raise ExportError(
             "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."
         )
+    table = _read_table(ngram_table)
     methods = [read_head_config(Path(folder)).method for folder in heads]
     if len(set(methods)) < len(methods):
         raise ExportError(f"two heads folders of one method were given ({', '.join(methods)}); pass one per method.")
@@ -212,11 +217,42 @@ def export_bundle(
                     chains,
                     target_graph=target_graph["path"],
                 )
+        if table is not None:
+            manifest["ngram_table"] = _write_table(table, tgt.decoder.vocab_size, staging.path, ngram_table)
         if default_method is not None:
             manifest["default_method"] = check_default_method(default_method, drf is not None, manifest.get("heads"))
         with prog.stage("[bundle] write manifest"):
             path = staging.commit(manifest)
     return path
+
+
+TABLE_FILE = "ngram/table.npz"
+
+
+def _read_table(path):
+    """The n-gram table at ``path`` (checked before the slow load), or None."""
+    if path is None:
+        return None
+    from specdec_edge.errors import SpecdecError
+    from specdec_edge.speculative.table import NgramTable
+
+    if not Path(path).is_file():
+        raise ExportError(f"--ngram-table {path} is not a file; make one with `specdec-edge corpus DIR --table FILE`.")
+    try:
+        return NgramTable.load(path)
+    except SpecdecError as e:
+        raise ExportError(str(e)) from None
+
+
+def _write_table(table, vocab_size: int, root: Path, source) -> str:
+    """Copy the table into the bundle (``TABLE_FILE``) once its vocabulary is known to be the target's."""
+    if table.vocab != vocab_size:
+        raise ExportError(
+            f"--ngram-table {source} was made for a vocabulary of {table.vocab} tokens; the target has {vocab_size}."
+        )
+    (root / TABLE_FILE).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, root / TABLE_FILE)
+    return TABLE_FILE
 
 
 def check_default_method(method: str, has_draft: bool, heads: dict | None) -> str:

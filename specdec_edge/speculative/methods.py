@@ -34,6 +34,7 @@ from specdec_edge.speculative.predictors import (
 )
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.proposers import DraftModelProposer, EmptyProposer, FirstOfProposer
+from specdec_edge.speculative.table import NgramTable, TableProposer
 
 if TYPE_CHECKING:  # only for type hints: the head sessions live in runtime/
     from specdec_edge.runtime.head_graphs import HeadGraph
@@ -153,6 +154,7 @@ class Resources:
     costs: Callable[[Mapping[str, Proposer]], CostModel] | None = None
     # Which history store the current call drafts from (``speculative/history.py``); None: no history at all.
     history: HistorySlot | None = None
+    table: NgramTable | None = None  # the bundle's n-gram table of the model's own text (``table.py``)
 
 
 @dataclass(frozen=True)
@@ -282,14 +284,16 @@ def _history(res: Resources, options: dict) -> Proposer:
 
 def auto_candidates(res: Resources, options: dict) -> list[Candidate]:
     """The proposers ``auto`` chooses among on a bundle: prompt lookup always; drafts from history where the
-    pipeline keeps it; the draft model and the trained heads the bundle has; lookahead where trees are
-    verified exactly. On chain-only bundles the heads propose chains (EAGLE with topk 1, Medusa's top-1
-    path)."""
+    pipeline keeps it; the bundle's n-gram table; the draft model and the trained heads the bundle has;
+    lookahead where trees are verified exactly. On chain-only bundles the heads propose chains (EAGLE with
+    topk 1, Medusa's top-1 path)."""
     pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
     candidates = [Candidate("pld", PromptLookupProposer(**pld), pld_predictor())]
     if res.history is not None:  # left out of seeded sampling's fixed rule: its drafts depend on earlier calls
         history = HistoryProposer(res.history, options.get("min_match", MIN_MATCH.default))
         candidates.append(Candidate("history", history, history_predictor(), fixed=False))
+    if res.table is not None:  # a guess almost always: pays where a pass has a row to spare (a padded step)
+        candidates.append(Candidate("table", TableProposer(res.table), Calibrated()))
     if res.draft is not None:
         candidates.append(Candidate("draft", DraftModelProposer(res.draft), Calibrated()))
     for name, proposer in (("eagle", EagleProposer), ("eagle3", Eagle3Proposer)):

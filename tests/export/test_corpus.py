@@ -144,3 +144,53 @@ def test_heads_train_on_the_bundles_own_features_with_a_check_per_epoch(tmp_path
     before = [p.stat().st_mtime_ns for p in cached]
     train_draft("eagle", str(chatty_bundle), tmp_path / "work", **settings)
     assert [p.stat().st_mtime_ns for p in cached] == before
+
+
+def test_the_command_reports_the_corpus_and_writes_its_table(tmp_path, grown):
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+    from specdec_edge.speculative.table import NgramTable
+
+    result = CliRunner().invoke(main, ["corpus", str(grown), "--report"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["requests"] == 3 and summary["shards"] == 1 and sum(summary["topics"].values()) == 3
+    result = CliRunner().invoke(main, ["corpus", str(grown), "--table", str(tmp_path / "t.npz"), "--min-count", "1"])
+    assert result.exit_code == 0, result.output
+    table = NgramTable.load(tmp_path / "t.npz")
+    corpus = Corpus.read(grown)
+    request, ids, answer = next(corpus.records(corpus.shards[0]))
+    if not held_out(request):
+        assert table.lookup(ids[answer : answer + 3].tolist()) is not None  # a context of its own answer
+
+
+def test_a_bundle_with_the_table_drafts_from_it_and_stays_exact(tmp_path, grown, chatty_dir):
+    """export --ngram-table: the table travels in the bundle (hashed), auto verifies its guesses, and the output
+    is plain decoding's; a table of another vocabulary is refused before the export."""
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.bundle.manifest import read_manifest
+    from specdec_edge.export.corpus import ngram_table, save_table
+    from specdec_edge.export.exporter import export_bundle
+    from specdec_edge.speculative.table import NgramTable
+
+    corpus = Corpus.read(grown)
+    path = save_table(ngram_table(corpus, min_count=1, every=10**9), tmp_path / "t.npz")
+    bundle = export_bundle(str(chatty_dir), tmp_path / "b", capacity=256, ngram_table=path, progress=False)
+    manifest = read_manifest(bundle)
+    assert manifest.ngram_table == "ngram/table.npz" and manifest.ngram_table in manifest.files
+    request = corpus.requests[0]
+    with Pipeline.load(bundle, method="plain", threads=1) as plain:
+        expected = plain.generate([{"role": "user", "content": request}], 80, reuse=False, history=False)
+        with plain.with_method("auto") as auto:
+            got = auto.generate([{"role": "user", "content": request}], 80, reuse=False, history=False)
+    assert got.token_ids == expected.token_ids
+    assert got.stats.by_proposer["table"].steps > 0  # its guesses were verified
+    small = NgramTable.build([[1, 2, 3]], vocab=7)
+    small.save(tmp_path / "small.npz")
+    with pytest.raises(ExportError, match="vocabulary of 7 tokens"):
+        export_bundle(
+            str(chatty_dir), tmp_path / "b2", capacity=256, ngram_table=tmp_path / "small.npz", progress=False
+        )
+    with pytest.raises(ExportError, match="is not a file"):
+        export_bundle(str(chatty_dir), tmp_path / "b3", capacity=256, ngram_table=tmp_path / "none.npz", progress=False)
