@@ -315,7 +315,7 @@ def export_graph(
         },
     )
     with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
-        report = {**validate_graph(path, spec, loaded.model), "batch_invariance": invariance}
+        report = {**validate_graph(path, spec, loaded.model, window=cfg.sliding_window), "batch_invariance": invariance}
     config = loaded.model.config
     return {
         "role": role,
