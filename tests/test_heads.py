@@ -445,3 +445,41 @@ def test_add_heads_to_a_quantized_bundle_works_like_exporting_with_them(tmp_path
     plain = Pipeline.load(out, method="plain", threads=1)
     for method in ("eagle", "pld-eagle"):
         assert_greedy_equals_plain(plain, plain.with_method(method))
+
+
+def damage(path: Path) -> None:
+    """Flip one byte in the middle of ``path``, keeping its size (the fast load check reads sizes only)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("rel", ["target/model.onnx.data", "target/model.onnx", "tokenizer.json"])
+def test_add_heads_refuses_a_damaged_bundle(tmp_path, trained, rel):
+    """A source file that no longer matches its manifest (the weights, the graph, the tokenizer) stops add_heads with
+    one error naming it, even where the hash record vouched for the file before; no bundle is written."""
+    from specdec_edge.bundle import verify_bundle
+    from specdec_edge.errors import BundleError
+    from specdec_edge.export.head_export import add_heads
+
+    source = tmp_path / "source"
+    shutil.copytree(trained / "target-bundle", source)
+    assert verify_bundle(source) == []  # the hash record now vouches for every file
+    damage(source / rel)
+    with pytest.raises(BundleError, match=f"damaged: {rel} do not match") as e:
+        add_heads(source, [trained / "medusa"], tmp_path / "out")
+    assert "specdec-edge verify" in str(e.value)
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["source"]
+
+
+def test_build_engines_refuses_a_damaged_graph(tmp_path, portable_bundle):
+    """TensorRT engines are built from graphs hashed first: an engine of damaged bytes is never recorded (the check
+    comes before TensorRT is imported, so it runs here without it)."""
+    from specdec_edge.errors import BundleError
+    from specdec_edge.export.build_engines import build_engines
+
+    source = tmp_path / "portable"
+    shutil.copytree(portable_bundle, source)
+    damage(source / "target/model.onnx.data")
+    with pytest.raises(BundleError, match="damaged: target/model.onnx.data"):
+        build_engines(source, backends=("trt",), echo=lambda *a: None)

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import MANIFEST, GraphSpec, read_manifest, sha256_file
+from specdec_edge.bundle import MANIFEST, GraphSpec, check_sources, read_manifest, sha256_file
 from specdec_edge.bundle_write import check_writable, disk_errors
 from specdec_edge.errors import ExportError, SpecdecError
 from specdec_edge.runtime.base import MAX_VERIFY
@@ -226,6 +226,8 @@ def build_engines(
             )
     # The engines go into the bundle: a read-only or unwritable one is refused before the library loads.
     check_writable(root, f"bundle {root}", "copy the bundle to a writable folder and build there")
+    # and are built from graphs hashed now: an engine of damaged bytes would be recorded as the bundle's own
+    check_sources(root, manifest, [rel for rel in manifest.files if rel.split("/")[0] in {m.role for m in models}])
     version = import_library(library).__version__
     try:
         gpu = gpu_info()
