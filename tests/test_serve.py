@@ -626,3 +626,16 @@ def test_hundreds_of_idle_connections_leave_the_server_answering(tiny_bundle, tm
             raw.close()
         server.stop()
     assert "out of system resource" not in log.read_text()
+
+
+def test_accept_errors_are_logged_once_a_minute():
+    """Should accept still run out of descriptors (another process's share, say), asyncio's error on every try is
+    let through once a minute, other records always."""
+    import logging
+
+    from specdec_edge.serve.connections import OncePerMinute
+
+    quiet = OncePerMinute()
+    record = lambda msg: logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)  # noqa: E731
+    passed = [quiet.filter(record("socket.accept() out of system resource")) for _ in range(1000)]
+    assert passed.count(True) == 1 and all(quiet.filter(record("another error")) for _ in range(3))
