@@ -639,3 +639,69 @@ def test_accept_errors_are_logged_once_a_minute():
     record = lambda msg: logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)  # noqa: E731
     passed = [quiet.filter(record("socket.accept() out of system resource")) for _ in range(1000)]
     assert passed.count(True) == 1 and all(quiet.filter(record("another error")) for _ in range(3))
+
+
+# Fields of the OpenAI, vLLM, llama.cpp and Ollama APIs with a value that would change the answer: each is refused
+# with a 400 naming it (never a 200 as if it were absent).
+CHANGING = {
+    "n": 2, "best_of": 3, "logprobs": True, "top_logprobs": 3, "echo": True, "suffix": "end", "frequency_penalty": 0.5,
+    "presence_penalty": 0.5, "logit_bias": {"5": 10}, "tools": [{"type": "function", "function": {"name": "f"}}],
+    "functions": [{"name": "f"}], "tool_choice": "required", "function_call": {"name": "f"},
+    "response_format": {"type": "json_object"}, "modalities": ["text", "audio"], "audio": {"voice": "alloy"},
+    "reasoning_effort": "high", "verbosity": "low", "web_search_options": {},
+    "repetition_penalty": 1.2, "length_penalty": 0.5, "min_p": 0.1, "min_tokens": 5, "ignore_eos": True,
+    "stop_token_ids": [5], "bad_words": ["fox"], "allowed_token_ids": [1, 2], "include_stop_str_in_output": True,
+    "skip_special_tokens": False, "spaces_between_special_tokens": False, "use_beam_search": True,
+    "prompt_logprobs": 1, "truncate_prompt_tokens": 3, "guided_json": {"type": "object"}, "guided_regex": "a+",
+    "guided_choice": ["a", "b"], "guided_grammar": "root ::= 'a'", "guided_decoding_backend": "xgrammar",
+    "guided_whitespace_pattern": " ", "structured_outputs": {"choice": ["a"]}, "add_generation_prompt": False,
+    "continue_final_message": True, "add_special_tokens": True, "chat_template": "{{ messages }}",
+    "chat_template_kwargs": {"enable_thinking": True}, "documents": [{"text": "x"}], "logits_processors": ["x"],
+    "return_tokens_as_token_ids": True,
+    "n_predict": 5, "typical_p": 0.5, "repeat_penalty": 1.3, "repeat_last_n": 32, "dynatemp_range": 0.5,
+    "dynatemp_exponent": 2, "mirostat": 2, "mirostat_tau": 5, "mirostat_eta": 0.1, "dry_multiplier": 0.8,
+    "xtc_probability": 0.5, "grammar": 'root ::= "a"', "json_schema": {"type": "object"}, "n_probs": 3,
+    "min_keep": 2, "n_keep": 4, "samplers": ["top_k"], "post_sampling_probs": True, "return_tokens": True,
+    "lora": [{"id": 0, "scale": 1}], "image_data": [{"data": "x", "id": 1}],
+    "num_predict": 5, "num_ctx": 128, "tfs_z": 0.5, "format": "json", "options": {"temperature": 0},
+    "think": True, "raw": True, "template": "{{ .Prompt }}", "system": "be brief", "context": [1, 2],
+    "frobnicate": 1, "temperature_typo": 0.2,  # unknown: refused too
+}  # fmt: skip
+# ... and at the value that means "off" (what clients send by default) or with no effect on the text: answered.
+HARMLESS = {
+    "n": 1, "logprobs": False, "top_logprobs": 0, "echo": False, "frequency_penalty": 0, "presence_penalty": 0.0,
+    "logit_bias": {}, "tools": [], "tool_choice": "auto", "response_format": {"type": "text"}, "modalities": ["text"],
+    "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
+    "typical_p": 1.0, "repeat_penalty": 1, "grammar": "", "skip_special_tokens": True, "audio": None,
+    "user": "u-1", "metadata": {"a": "b"}, "store": False, "service_tier": "auto", "safety_identifier": "s",
+    "prompt_cache_key": "k", "prediction": {"type": "content", "content": "x"}, "parallel_tool_calls": True,
+    "request_id": "r", "priority": 0, "cache_salt": "s", "cache_prompt": True, "id_slot": -1,
+    "timings_per_token": False, "t_max_prompt_ms": 100, "keep_alive": "5m",
+}  # fmt: skip
+
+
+def test_every_known_field_is_used_refused_or_harmless(served):
+    """Each field of the four APIs, with a value that would change the answer, gets a 400 naming it; at its "off"
+    value, or a field that cannot change the text, the request is answered. The server's lists hold nothing this
+    test does not send."""
+    from specdec_edge.serve.parameters import IMPLEMENTED, NO_EFFECT, OFF_VALUES
+
+    assert set(OFF_VALUES) | NO_EFFECT <= set(CHANGING) | set(HARMLESS), "a field the server lists is not tested"
+    base = {"model": served.model, "messages": chat("hi"), "max_tokens": 1, "temperature": 0}
+    for name, value in CHANGING.items():
+        r = served.post("/v1/chat/completions", {**base, name: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, (name, r.text)
+    for name, value in HARMLESS.items():
+        r = served.post("/v1/chat/completions", {**base, name: value})
+        assert r.status_code == 200, (name, r.text)
+    assert not IMPLEMENTED & (set(CHANGING) | set(HARMLESS))
+    fields = {"name": "bob", "tool_calls": [{"id": "x"}], "tool_call_id": "t"}
+    for name, value in fields.items():
+        r = served.post("/v1/chat/completions", {**base, "messages": [{**chat("hi")[0], name: value}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == f"messages[0].{name}", (name, r.text)
+    # an assistant message as the official client returns it (model_dump) goes back in unchanged
+    back = {"role": "assistant", "content": "x", "refusal": None, "annotations": [], "tool_calls": None}
+    assert served.post("/v1/chat/completions", {**base, "messages": [*chat("hi"), back, *chat("more")]}).is_success
+    r = served.post("/v1/completions", {"model": served.model, "prompt": "hi", "max_tokens": 1, "stream": True,
+                                        "stream_options": {"continuous_usage_stats": True}})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
