@@ -124,7 +124,7 @@ def export_bundle(
         raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
     if capacity is not None and capacity < 16:
         raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
-    from specdec_edge.export.heads_folder import read_head_config
+    from specdec_edge.export.heads_folder import check_heads_folder
     from specdec_edge.export.sources import cache_limits, load_model, resolve_source
 
     # Fail on bad paths, an occupied --out, heads folders and the capacity before the slow load.
@@ -135,7 +135,7 @@ def export_bundle(
         raise ExportError(
             "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."
         )
-    methods = [read_head_config(Path(folder)).method for folder in heads]
+    methods = [check_heads_folder(Path(folder)).method for folder in heads]  # config and weights, whole
     if len(set(methods)) < len(methods):
         raise ExportError(f"two heads folders of one method were given ({', '.join(methods)}); pass one per method.")
     limits = {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
