@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,15 +31,18 @@ from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.step_costs import CostKey, device_costs
 
-# (the engine the loop drives, the proposers whose own cost to measure) -> the device's step costs
-StepCosts = Callable[[Engine, Mapping[str, Proposer]], CostModel]
+# (the engine the loop drives, the proposers whose own cost to measure, how to hold the engines while measuring)
+# -> the device's step costs
+StepCosts = Callable[[Engine, Mapping[str, Proposer], Callable[[], AbstractContextManager]], CostModel]
 
 
 class Engines:
     """One bundle's opened engines, their device's verdict and step costs, and the lease over them.
 
     ``verdict`` None (engines opened by hand): measured on the target now (``open_engines`` caches it per
-    device). ``step_costs`` None: ``auto`` measures them when it is built, and nothing is cached.
+    device). ``step_costs`` None: ``auto`` measures them when it is built, and nothing is cached. Whatever
+    measures on the engines holds their lease meanwhile (``EngineLease.holding``): a call it interrupts goes on
+    from its own context, never from what the measurement left in the caches.
     ``prompt_cache``: the store of earlier contexts' snapshots (``prompt_cache.py``), or None for none.
     """
 
@@ -52,15 +56,20 @@ class Engines:
         step_costs: StepCosts | None = None,
         prompt_cache: PromptCache | None = None,
     ):
+        self.lease = EngineLease()
         if verdict is None:
-            verdict = to_verdict(measure(target), {})
+            with self.lease.holding():
+                verdict = to_verdict(measure(target), {})
         apply(target, verdict)
         self.target, self.draft, self.heads, self.verdict = target, draft, dict(heads or {}), verdict
-        self.step_costs = step_costs or (lambda engine, proposers: device_costs(None, engine, proposers))
+        self._step_costs = step_costs or (lambda engine, proposers, hold: device_costs(None, engine, proposers, hold))
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
-        self.lease = EngineLease()
         self.prompt_cache = prompt_cache
         self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
+
+    def step_costs(self, engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
+        """``auto``'s step costs on this device: cached, else measured now on ``engine`` under the lease."""
+        return self._step_costs(engine, proposers, self.lease.holding)
 
     def decoder(self, engine: Engine, proposer: Proposer, rule, k: int, eos_ids) -> Decoder:
         """A method's ``Decoder`` over these engines (freed with them)."""
@@ -114,8 +123,8 @@ def open_engines(
     verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device, progress=progress)
     key = CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning)
 
-    def step_costs(engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
-        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, progress=progress)
+    def step_costs(engine: Engine, proposers: Mapping[str, Proposer], hold) -> CostModel:
+        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, hold, progress=progress)
 
     heads = load_head_graphs(root, manifest.heads, cpu)
     cache = PromptCache(int(prompt_cache_mb * 2**20), manifest_digest(root)) if prompt_cache_mb else None

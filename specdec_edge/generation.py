@@ -29,7 +29,8 @@ import collections
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -111,6 +112,20 @@ class EngineLease:
             if self.holder == gen and not self.running:
                 self.holder = None
                 self.cond.notify_all()
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the engines for the block, as a generation holds them for a step: every use of the caches that is
+        no call's own (measuring step costs, saving or loading a prefix) goes through it. After it the caches hold
+        no call's context (``cached``): a call it interrupted prefills its own context again and goes on exactly."""
+        gen, cancel = self.new_id(), threading.Event()
+        if not self.acquire(gen, cancel):
+            raise closed_error()
+        try:
+            yield
+        finally:
+            self.cached = None
+            self.release(gen, False, cancel)
 
     def close(self) -> None:
         """No step may start any more; wait for a running one to end."""

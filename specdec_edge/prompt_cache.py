@@ -30,9 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-import threading
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,20 +205,6 @@ def restore(engines, tap: FeatureTap | None, snap: Snapshot, n: int, want) -> No
 # ---- prefix files
 
 
-@contextmanager
-def holding(lease):
-    """Hold ``lease`` (the engines) for the block, as a generation holds it for a step; after it the caches hold
-    no generation's context (``EngineLease.cached``)."""
-    gen, cancel = lease.new_id(), threading.Event()
-    if not lease.acquire(gen, cancel):
-        raise SpecdecError("this pipeline was closed; load the bundle again with Pipeline.load(...).")
-    try:
-        yield
-    finally:
-        lease.cached = None
-        lease.release(gen, False, cancel)
-
-
 def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
     """Prefill ``ids`` (reusing what the caches hold) through ``engine`` (the target or a feature tap, whose
     features are saved too) and the draft, and write their snapshot to ``path`` atomically."""
@@ -233,7 +217,7 @@ def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
             f"prefix files need KV snapshots, which {type(engines.target).__name__} does not take; use provider cpu, "
             "cuda or tensorrt."
         )
-    with holding(engines.lease):
+    with engines.lease.holding():
         prefill(engine, ids, kept=engine.reusable(ids))
         if engines.draft is not None:
             prefill(engines.draft, ids, kept=engines.draft.reusable(ids))
@@ -251,7 +235,7 @@ def load_prefix(engines, engine, path: str | Path) -> int:
                            "prefix file.")  # fmt: skip
     snap = decode_file(Path(path), cache.digest, engines.target.vocab_size)
     tap = engine if isinstance(engine, FeatureTap) else None
-    with holding(engines.lease):
+    with engines.lease.holding():
         held = engines.target.held
         if held is not None and len(held) >= MIN_TOKENS and engines.target.reusable(snap.tokens) < len(held):
             cache.keep(engines)  # what the engines hold now is overwritten next

@@ -139,7 +139,7 @@ def test_quantized_targets_take_chains_and_refuse_branching_trees(tiny_bundle):
     target = replace(plain.target.graph, dtype="int4")
     plain.target.graph = target
     try:
-        engines = Engines(plain.target, verdict=chains, step_costs=plain.engines.step_costs)
+        engines = Engines(plain.target, verdict=chains, step_costs=lambda e, p, hold: plain.engines.step_costs(e, p))
         assert Pipeline(plain.tokenizer, engines, "pld").proposer.branches is False
         with pytest.raises(SpecdecError, match="proposes token trees.*only chain-shaped proposals.*topk=1"):
             Pipeline(plain.tokenizer, engines, "lookahead")
