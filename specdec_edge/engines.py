@@ -57,6 +57,7 @@ class Engines:
         prompt_cache: PromptCache | None = None,
     ):
         self.lease = EngineLease()
+        self.owner = None  # whose context the caches hold: a call's ``owner`` (the API's own calls: None)
         if verdict is None:
             with self.lease.holding():
                 verdict = to_verdict(measure(target), {})
@@ -71,11 +72,23 @@ class Engines:
         """``auto``'s step costs on this device: cached, else measured now on ``engine`` under the lease."""
         return self._step_costs(engine, proposers, self.lease.holding)
 
+    def claim(self, owner) -> None:
+        """Before a call of ``owner`` (under its lease): where the caches hold another owner's context, set it aside
+        for that owner (the prompt cache keeps it, tagged) and forget it, so that the call reuses, restores and
+        times nothing of another owner's text (the server's owners are its API keys)."""
+        if owner == self.owner:
+            return
+        if self.prompt_cache is not None and self.target.can_snapshot:
+            self.prompt_cache.keep_if_worth(self)  # tagged with the owner it belongs to
+        for engine in {self.target, self.draft, *(d.engine for d in self._decoders)} - {None}:
+            engine.reset()
+        self.owner = owner
+
     def decoder(self, engine: Engine, proposer: Proposer, rule, k: int, eos_ids) -> Decoder:
         """A method's ``Decoder`` over these engines (freed with them)."""
         cache = self.prompt_cache
         prepare = None if cache is None else (lambda context: cache.prepare(self, engine, context))
-        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease, prepare)
+        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease, prepare, claim=self.claim)
         self._decoders.add(decoder)
         return decoder
 
@@ -93,7 +106,7 @@ class Engines:
         self.target = self.draft = self.prompt_cache = None
         self.heads = {}
         for decoder in list(self._decoders):
-            decoder.engine = decoder.proposer = decoder.prepare = None  # prepare holds the engine too
+            decoder.engine = decoder.proposer = decoder.prepare = decoder.claim = None  # they hold the engines too
 
 
 def open_engines(

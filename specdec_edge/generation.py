@@ -152,6 +152,7 @@ class Decoder:
     lease: EngineLease
     prepare: Callable | None = None  # (context) -> tokens restored from the prompt cache before a reusing call
     history_slot: HistorySlot | None = None  # the store this method's proposers draft from, set per call
+    claim: Callable | None = None  # (owner): the caches set to hold nothing of another owner's (``Engines.claim``)
 
 
 class Generation:
@@ -167,9 +168,11 @@ class Generation:
         stats: Stats,
         reuse: bool = True,
         history: HistoryStore | None = None,
+        owner=None,
     ):
         self.decoder, self.lease = decoder, decoder.lease
         self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
+        self.owner = owner  # whose calls it may reuse the context of (the server: the API key's)
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
@@ -217,6 +220,8 @@ class Generation:
             self.resumes += 1
             self._earlier = add_stats(self._earlier or Stats(), self._run_stats)
             self._run_stats = Stats()
+        if run.claim is not None:
+            run.claim(self.owner)  # nothing of another owner's context is kept, restored or reused
         self._steps = decode(
             run.engine,
             run.proposer,

@@ -12,7 +12,7 @@ Light: numpy, onnxruntime, tokenizers, jinja2 only (no torch, no transformers).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 
 from specdec_edge.bundle import Manifest, check_hashes, read_manifest
@@ -245,6 +245,7 @@ class Pipeline:
         stop: str | Sequence[str] | None = None,
         reuse: bool = True,
         history: bool | HistoryStore = True,
+        owner: Hashable = None,
     ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted.
 
@@ -252,8 +253,8 @@ class Pipeline:
         stops it and frees the engines at once; a stream that is dropped or read slowly never blocks
         other calls: after a short lease they take the engines, and the stream, if read again, goes on
         where it was (``specdec_edge/generation.py``).
-        ``reuse``: as for ``generate``. ``history``: True drafts from (and adds this call to) the pipeline's
-        history, a ``HistoryStore`` from (and to) that one, False from none.
+        ``reuse``, ``owner``: as for ``generate``. ``history``: True drafts from (and adds this call to) the
+        pipeline's history, a ``HistoryStore`` from (and to) that one, False from none.
         """
         if self.closed:
             raise closed_error()
@@ -270,7 +271,7 @@ class Pipeline:
             )
         result = GenerationResult("", [], Stats(), None)
         store = self._history_for(history)
-        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats, bool(reuse), store)
+        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats, bool(reuse), store, owner)
         return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
@@ -284,6 +285,7 @@ class Pipeline:
         stop: str | Sequence[str] | None = None,
         reuse: bool = True,
         history: bool | HistoryStore = True,
+        owner: Hashable = None,
     ) -> GenerationResult:
         """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
 
@@ -296,8 +298,11 @@ class Pipeline:
         only the rest (``stats.reused_tokens``); False prefills the whole prompt, as a first call does. Greedy
         output with reuse equals plain decoding's with reuse; whether it also equals a fresh prefill's bit for bit
         depends on the bundle (``info``: the verdict's ``reuse_matches_prefill``; docs/DESIGN.md).
+        ``owner``: whose call this is (the server passes the API key's): a call reuses, restores from the prompt
+        cache, and is timed against, only contexts of its own owner's calls; another owner's are set aside for
+        them first (``Engines.claim``). Calls that pass none are all one owner's.
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, reuse, history)
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, reuse, history, owner)
         with stream:
             for _ in stream:
                 pass

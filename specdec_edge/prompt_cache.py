@@ -61,6 +61,7 @@ class Snapshot:
     layer_features: np.ndarray | None = None  # [n, k*H]
     draft_tokens: list[int] | None = None
     draft_kv: np.ndarray | None = None
+    owner: object = None  # whose context it was (``Engines.owner``): only that owner's calls restore it
 
     @property
     def nbytes(self) -> int:
@@ -95,7 +96,7 @@ class PromptCache:
         if size > self.limit:
             return False
         for key, old in list(self._store.items()):
-            if _covers(snap, old):
+            if old.owner == snap.owner and _covers(snap, old):
                 self._drop(key)
         while self.nbytes + size > self.limit:
             self._drop(next(iter(self._store)))
@@ -114,12 +115,12 @@ class PromptCache:
     def _drop(self, key: int) -> None:
         self.nbytes -= self._store.pop(key).nbytes
 
-    def best(self, tokens, features: bool = False) -> tuple[Snapshot | None, int]:
-        """The snapshot with the longest common prefix with ``tokens`` (with features, if ``features``), and that
-        prefix's length; it becomes the most recently used."""
+    def best(self, tokens, features: bool = False, owner=None) -> tuple[Snapshot | None, int]:
+        """``owner``'s snapshot with the longest common prefix with ``tokens`` (with features, if ``features``), and
+        that prefix's length; it becomes the most recently used."""
         found, longest = None, 0
         for key, snap in self._store.items():
-            if features and snap.features is None:
+            if snap.owner != owner or (features and snap.features is None):
                 continue
             n = common_prefix(snap.tokens, tokens)
             if n > longest:
@@ -138,10 +139,10 @@ class PromptCache:
             return 0
         want = context[:-1]
         tap = engine if isinstance(engine, FeatureTap) else None
-        snap, n = self.best(want, features=tap is not None)  # chosen first: keeping the live one may evict it
-        held = target.held
-        if held is not None and len(held) >= MIN_TOKENS and target.reusable(want) < len(held):
-            self.keep(engines)
+        # chosen first: keeping the live one may evict it; only the caller's own (``Engines.claim`` set the owner)
+        snap, n = self.best(want, features=tap is not None, owner=engines.owner)
+        if target.reusable(want) < len(target.held or ()):
+            self.keep_if_worth(engines)
         live = engine.reusable(want)
         if snap is None or n < live + MIN_GAIN:
             return 0
@@ -150,11 +151,17 @@ class PromptCache:
         return n - live
 
     def keep(self, engines) -> None:
-        """Snapshot what the engines hold now, unless a stored snapshot covers it."""
+        """Snapshot what the engines hold now (their owner's), unless a stored snapshot of that owner covers it."""
         snap = capture(engines)
-        if any(_covers(old, snap) for old in self._store.values()):
+        if any(old.owner == snap.owner and _covers(old, snap) for old in self._store.values()):
             return
         self.put(snap)
+
+    def keep_if_worth(self, engines) -> None:
+        """``keep``, where the engines hold at least ``MIN_TOKENS`` (shorter contexts prefill in a pass or two)."""
+        held = engines.target.held
+        if self.limit > 0 and engines.target.can_snapshot and held is not None and len(held) >= MIN_TOKENS:
+            self.keep(engines)
 
 
 def _covers(a: Snapshot, b: Snapshot) -> bool:
@@ -174,7 +181,7 @@ def capture(engines, tap: FeatureTap | None = None) -> Snapshot:
     any tap over the target among the engines' decoders), the draft's slots."""
     target, draft = engines.target, engines.draft
     tokens = list(target.held)
-    snap = Snapshot(tokens, target.snapshot())
+    snap = Snapshot(tokens, target.snapshot(), owner=engines.owner)
     taps = [tap] if tap is not None else [d.engine for d in engines.decoders() if isinstance(d.engine, FeatureTap)]
     for t in taps:
         if t.engine is target and t.reusable(tokens) == len(tokens):
@@ -218,6 +225,7 @@ def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
             "cuda or tensorrt."
         )
     with engines.lease.holding():
+        engines.claim(None)  # the API's own context (a server's owners' are set aside for them)
         prefill(engine, ids, kept=engine.reusable(ids))
         if engines.draft is not None:
             prefill(engines.draft, ids, kept=engines.draft.reusable(ids))
@@ -236,6 +244,7 @@ def load_prefix(engines, engine, path: str | Path) -> int:
     snap = decode_file(Path(path), cache.digest, engines.target.vocab_size)
     tap = engine if isinstance(engine, FeatureTap) else None
     with engines.lease.holding():
+        engines.claim(None)
         held = engines.target.held
         if held is not None and len(held) >= MIN_TOKENS and engines.target.reusable(snap.tokens) < len(held):
             cache.keep(engines)  # what the engines hold now is overwritten next

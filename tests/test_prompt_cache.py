@@ -153,3 +153,24 @@ def test_a_prefix_file_for_another_bundle_or_damaged_is_refused(plain, tiny_self
     with pytest.raises(SpecdecError, match="cannot read prefix file"):
         plain.load_prefix(tmp_path / "missing.prefix")
     other.close()
+
+
+@pytest.mark.parametrize("cache_mb", [64, 0])
+@pytest.mark.parametrize("method", ["plain", "draft"])
+def test_calls_reuse_and_restore_only_their_own_owners_contexts(tiny_bundle, cache_mb, method):
+    """Owner B sends the start of what owner A sent (a guess at A's text): B reuses, restores and prefills as if
+    A's call never happened (``reused_tokens`` 0), and gets the same tokens as on fresh engines; A then goes on
+    with its own context (restored from the prompt cache where there is one). Output is the same throughout."""
+    pipe = Pipeline.load(tiny_bundle, method=method, threads=1, prompt_cache_mb=cache_mb)
+    secret = DOC_A + " The PIN is 4821."
+    fresh = {p: pipe.generate(p, max_new_tokens=8, reuse=False) for p in (secret, DOC_A + " The PIN is 4")}
+    a = pipe.generate(secret, max_new_tokens=8, owner="A")
+    guesses = [pipe.generate(DOC_A + " The PIN is 4", max_new_tokens=8, owner="B") for _ in range(2)]
+    again = pipe.generate(secret, max_new_tokens=8, owner="A")
+    assert guesses[0].stats.reused_tokens == 0 and guesses[0].stats.restored_tokens == 0
+    assert guesses[1].stats.reused_tokens > 0  # its own earlier call's context: reused
+    assert [g.token_ids for g in guesses] == [fresh[DOC_A + " The PIN is 4"].token_ids] * 2
+    assert a.token_ids == again.token_ids == fresh[secret].token_ids
+    assert again.stats.reused_tokens == (len(pipe.encode(secret)) - 1 if cache_mb else 0)
+    no_owner = pipe.generate(secret, max_new_tokens=8)  # the API's own calls are one owner, not A: at most its own
+    assert no_owner.stats.reused_tokens < len(pipe.encode(secret)) - 1  # earlier context, never A's whole one

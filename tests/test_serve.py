@@ -5,6 +5,7 @@ stop strings and seeds; disconnects cancel; a full queue answers 429; timeouts; 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import re
@@ -705,3 +706,46 @@ def test_every_known_field_is_used_refused_or_harmless(served):
     r = served.post("/v1/completions", {"model": served.model, "prompt": "hi", "max_tokens": 1, "stream": True,
                                         "stream_options": {"continuous_usage_stats": True}})  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
+def test_no_key_learns_about_another_keys_prompt(tiny_bundle, tmp_path):
+    """Key A sends a prompt with a secret; key B sends guesses at it. B's answers report no reuse of A's context
+    (on the live cache or from the prompt cache), B's /metrics count B's own tokens only, and A's repeat still
+    reuses its own context (restored after B's calls)."""
+    other = "second-key-456"
+    server = Served(Path(tiny_bundle), tmp_path / "two-keys.log", "--method", "plain", "--api-key", KEY,
+                    "--api-key", other)  # fmt: skip
+    try:
+        doc = "The quick brown fox jumps over the lazy dog. " * 6
+
+        def ask_as(key, prompt):
+            body = {"model": server.model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            r = server.post("/v1/completions", body, key=key)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        def metrics_of(key):  # each metric's samples summed over their labels
+            text = server.http.get("/metrics", headers={"Authorization": f"Bearer {key}"}).text
+            out = collections.Counter()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    out[sample.name] += sample.value
+            return out
+
+        secret = ask_as(KEY, doc + "The PIN is 4821.")
+        guesses = [ask_as(other, doc + f"The PIN is {d}") for d in range(10)]
+        reused = [g["specdec_edge"]["reused_prompt_tokens"] for g in guesses]
+        assert reused[0] == 0, "key B's first call reused key A's context"
+        assert len(set(reused[1:])) == 1, reused  # B's own earlier guess, the same for every digit
+        a, b = metrics_of(KEY), metrics_of(other)
+        a_tokens = secret["usage"]["prompt_tokens"]
+        assert a["specdec_prompt_tokens_total"] == a_tokens and a["specdec_reused_prompt_tokens_total"] == 0
+        assert a["specdec_generations_total"] == 1 and b["specdec_generations_total"] == 10
+        assert b["specdec_prompt_tokens_total"] == sum(g["usage"]["prompt_tokens"] for g in guesses)
+        assert b["specdec_reused_prompt_tokens_total"] == sum(reused)
+        assert "specdec_requests_total" in b  # the server's own figures: for every key
+        again = ask_as(KEY, doc + "The PIN is 4821.")
+        assert again["specdec_edge"]["reused_prompt_tokens"] == a_tokens - 1  # its own, kept aside for it
+        assert again["choices"][0]["text"] == secret["choices"][0]["text"]
+    finally:
+        server.stop()

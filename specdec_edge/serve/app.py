@@ -226,7 +226,9 @@ async def complete(request: Request, kind: str) -> Response:
     req = parse_request(body, kind, srv.model, srv.pipe.capacity)
     prompt_tokens, max_tokens = await run_in_threadpool(srv.budget, req)
     events = Events(deadline, srv.timeout_s)
-    job = Job(req.prompt, {**req.options(max_tokens), "history": srv.history(client)}, events.notify)
+    # owner: the request reuses, restores and is timed against only its own key's earlier contexts
+    options = {**req.options(max_tokens), "history": srv.history(client), "owner": client}
+    job = Job(req.prompt, options, events.notify, client=client)
     try:
         srv.worker.submit(job)
     except QueueFull as full:
@@ -326,8 +328,8 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     srv = _server(request)
-    srv.authorize(request)
-    return Response(srv.metrics.render(), media_type=CONTENT_TYPE)
+    client = srv.authorize(request)  # each key reads its own generations' metrics only
+    return Response(srv.metrics.render(client), media_type=CONTENT_TYPE)
 
 
 async def api_error(request: Request, e: APIError) -> Response:
