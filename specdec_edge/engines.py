@@ -72,13 +72,13 @@ class Engines:
         """``auto``'s step costs on this device: cached, else measured now on ``engine`` under the lease."""
         return self._step_costs(engine, proposers, self.lease.holding)
 
-    def claim(self, owner) -> None:
+    def claim(self, owner, keep: bool = True) -> None:
         """Before a call of ``owner`` (under its lease): where the caches hold another owner's context, set it aside
-        for that owner (the prompt cache keeps it, tagged) and forget it, so that the call reuses, restores and
-        times nothing of another owner's text (the server's owners are its API keys)."""
+        for that owner (``keep``: the prompt cache keeps it, tagged) and forget it, so that the call reuses,
+        restores and times nothing of another owner's text (the server's owners are its API keys)."""
         if owner == self.owner:
             return
-        if self.prompt_cache is not None and self.target.can_snapshot:
+        if keep and self.prompt_cache is not None:
             self.prompt_cache.keep_if_worth(self)  # tagged with the owner it belongs to
         for engine in {self.target, self.draft, *(d.engine for d in self._decoders)} - {None}:
             engine.reset()

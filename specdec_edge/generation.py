@@ -221,7 +221,7 @@ class Generation:
             self._earlier = add_stats(self._earlier or Stats(), self._run_stats)
             self._run_stats = Stats()
         if run.claim is not None:
-            run.claim(self.owner)  # nothing of another owner's context is kept, restored or reused
+            run.claim(self.owner, self.reuse)  # nothing of another owner's context is reused, restored or timed
         self._steps = decode(
             run.engine,
             run.proposer,
