@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from specdec_edge.cli_run import CONTEXT, LoadSettings, history_options, load, pipeline_options
+from specdec_edge.pipeline import check_history_memory
 from specdec_edge.prompt_cache import DEFAULT_MB
 
 
@@ -120,6 +121,8 @@ def serve(settings: LoadSettings, model_name, api_keys, **server):
     from specdec_edge.serve.connections import HEADER_TIMEOUT_S, connection_limits
 
     api_keys = tuple(key for key in api_keys if key)
+    if settings.history:  # one store per key: all of them must fit, before the bundle loads
+        check_history_memory(settings.history_mb, max(1, len(api_keys)), flag="--history-mb")
     pipe = load(settings)  # with --prompt-cache-mb, --history and --history-mb (LoadSettings fields)
     model = model_name or Path(settings.bundle).resolve().name
     host = server["host"]  # with port, max_queue, timeout_s, max_body_bytes and reuse: run's keywords

@@ -22,7 +22,7 @@ from specdec_edge.exactness import decide, default_runs_plain, describe, trees_a
 from specdec_edge.generation import Generation, closed_error
 from specdec_edge.progress import Progress
 from specdec_edge.prompt_cache import DEFAULT_MB, load_prefix, save_prefix
-from specdec_edge.runtime.base import GpuOptions
+from specdec_edge.runtime.base import GpuOptions, available_memory
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.features import FeatureTap
@@ -145,6 +145,8 @@ class Pipeline:
             method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
         tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, chat_template)
         store = HistoryStore.of_mb(history_mb) if history else None
+        if store is not None:
+            check_history_memory(history_mb)
         return cls(tokenizer, engines, method, k, options, allow_inexact=allow_inexact, history=store)
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
@@ -353,6 +355,21 @@ def _method_decoder(engines: Engines, spec, k: int, options: dict, allow_inexact
     decoder = engines.decoder(engine, proposer, spec.acceptance(rule_options), k, tokenizer.eos_token_ids)
     decoder.history_slot = slot
     return decision, decoder
+
+
+def check_history_memory(history_mb: float, stores: int = 1, *, flag: str = "history_mb") -> None:
+    """Refuse, in one line and before anything is allocated, ``stores`` history stores of ``history_mb`` MiB each
+    (the server keeps one per API key) that would not fit in the memory available now. ``flag``: how the size was
+    given (the keyword, or the command line's ``--history-mb``), named in the error."""
+    need = HistoryStore.bytes_of(history_mb) * stores
+    memory = available_memory()
+    if memory and need > memory:
+        each = f" for each of {stores} API keys" if stores > 1 else ""
+        off = "history=False" if flag == "history_mb" else "--no-history"
+        raise SpecdecError(
+            f"{flag} {history_mb:g} MiB{each} needs {need / 2**30:.1f} GiB of memory, more than the "
+            f"{memory / 2**30:.1f} GiB available; give a smaller {flag} (or {off})."
+        )
 
 
 def check_cache_mb(value) -> float:
