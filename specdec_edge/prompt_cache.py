@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -243,6 +244,9 @@ def load_prefix(engines, engine, path: str | Path) -> int:
                            "prefix file.")  # fmt: skip
     snap = decode_file(Path(path), cache.digest, engines.target.vocab_size)
     tap = engine if isinstance(engine, FeatureTap) else None
+    if problem := snapshot_problem(engines, snap):  # every array, before anything is restored or stored
+        raise SpecdecError(f"prefix file {path} does not fit these engines ({problem}); save it again with "
+                           "Pipeline.save_prefix.")  # fmt: skip
     with engines.lease.holding():
         engines.claim(None)
         held = engines.target.held
@@ -291,7 +295,7 @@ def decode_file(path: Path, digest: str, vocab: int) -> Snapshot:
     (size,) = struct.unpack("<Q", data[len(MAGIC) : len(MAGIC) + 8])
     body = len(MAGIC) + 8 + size
     try:
-        header = json.loads(data[len(MAGIC) + 8 : body])
+        header = json.loads(data[len(MAGIC) + 8 : body], parse_constant=_no_constant)
         if header.get("format") != FORMAT:
             raise SpecdecError(f"prefix file {path} has format {header.get('format')!r}, not {FORMAT}" + fix)
         if header.get("bundle") != digest:
@@ -306,11 +310,53 @@ def decode_file(path: Path, digest: str, vocab: int) -> Snapshot:
             arrays[name] = _array(name, meta, data, body)
     except SpecdecError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise SpecdecError(f"{damaged} ({type(e).__name__}: {e})" + fix) from None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+        raise SpecdecError(f"{damaged} ({type(e).__name__}: {str(e)[:200]})" + fix) from None
     if "kv" not in arrays or arrays["kv"].ndim != 6 or arrays["kv"].shape[4] != len(tokens):
         raise SpecdecError(f"{damaged} (its K/V do not match its {len(tokens)} tokens)" + fix)
     return Snapshot(tokens, draft_tokens=draft_tokens, **arrays)
+
+
+def snapshot_problem(engines, snap: Snapshot) -> str | None:
+    """What in ``snap`` does not fit ``engines`` (each array's shape and dtype against the target, its features and
+    the draft), or None: checked before a snapshot from outside (a prefix file) is restored or stored, since a
+    stored one is restored into later calls."""
+    n, target, draft = len(snap.tokens), engines.target, engines.draft
+
+    def fits(name: str, a, shape: tuple, dtype) -> str | None:
+        if a is None or (a.shape == shape and a.dtype == dtype):
+            return None
+        return f"{name} is {list(a.shape)} {a.dtype}, these engines need {list(shape)} {np.dtype(dtype)}"
+
+    if target.kv_layout() is None:
+        return f"{type(target).__name__} takes no KV snapshots"
+    (layers, two, one, heads, dim), dtype = target.kv_layout()
+    graph = target.graph
+    width = len(graph.feature_layers) * graph.hidden_size
+    problems = [
+        fits("kv", snap.kv, (layers, two, one, heads, n, dim), dtype),
+        fits("features", snap.features, (n, graph.hidden_size), np.float32),
+        fits("layer_features", snap.layer_features, (n, width), np.float32),
+        "layer_features come without features" if snap.features is None and snap.layer_features is not None else None,
+        "features come without this target's layer_features"
+        if snap.features is not None and width and snap.layer_features is None
+        else None,
+        "draft_kv and draft_tokens come one without the other"
+        if (snap.draft_kv is None) != (snap.draft_tokens is None)
+        else None,
+        "draft_kv, but these engines have no draft" if snap.draft_kv is not None and draft is None else None,
+    ]
+    if snap.draft_kv is not None and snap.draft_tokens is not None and draft is not None and draft.can_snapshot:
+        (layers, two, one, heads, dim), dtype = draft.kv_layout()
+        problems.append(fits("draft_kv", snap.draft_kv, (layers, two, one, heads, len(snap.draft_tokens), dim), dtype))
+    problems.append(f"{n} tokens, more than the KV cache holds ({target.capacity})" if n > target.capacity else None)
+    if draft is not None and len(snap.draft_tokens or ()) > draft.capacity:
+        problems.append(f"{len(snap.draft_tokens)} draft tokens, more than the draft's cache holds ({draft.capacity})")
+    return next((p for p in problems if p), None)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} in the header")
 
 
 def _ids(values, vocab: int) -> list[int]:
@@ -323,10 +369,14 @@ def _array(name: str, meta: dict, data: bytes, body: int) -> np.ndarray:
     """One array of the file, checked: a known name and dtype, a shape, a range inside the file, its sha256."""
     if name not in ARRAYS or meta["dtype"] not in DTYPES:
         raise ValueError(f"array {name!r} of dtype {meta.get('dtype')!r}")
-    shape = [int(d) for d in meta["shape"]]
-    dtype = np.dtype(meta["dtype"])
-    start, nbytes = body + int(meta["offset"]), int(meta["nbytes"])
-    if min(shape, default=0) < 0 or nbytes != int(np.prod(shape)) * dtype.itemsize or start + nbytes > len(data):
+    values = [meta["offset"], meta["nbytes"], *meta["shape"]]
+    if not isinstance(meta["shape"], list) or len(meta["shape"]) > 8 or not all(type(v) is int for v in values):
+        raise ValueError(f"array {name!r}: a shape, offset or size that is not integers")
+    shape, dtype = meta["shape"], np.dtype(meta["dtype"])
+    start, nbytes = body + meta["offset"], meta["nbytes"]
+    if min(shape, default=0) < 0 or meta["offset"] < 0 or nbytes != math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"array {name!r}: shape {shape} and {nbytes} bytes do not fit the file")
+    if start + nbytes > len(data):
         raise ValueError(f"array {name!r}: shape {shape} and {nbytes} bytes do not fit the file")
     raw = data[start : start + nbytes]
     if hashlib.sha256(raw).hexdigest() != meta["sha256"]:
