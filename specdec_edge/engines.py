@@ -44,6 +44,8 @@ class Engines:
     measures on the engines holds their lease meanwhile (``EngineLease.holding``): a call it interrupts goes on
     from its own context, never from what the measurement left in the caches.
     ``prompt_cache``: the store of earlier contexts' snapshots (``prompt_cache.py``), or None for none.
+    ``digest``: the bundle's manifest digest, which prefix files are keyed by (None: engines built by hand, which
+    save and load none).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class Engines:
         verdict: Verdict | None = None,
         step_costs: StepCosts | None = None,
         prompt_cache: PromptCache | None = None,
+        digest: str | None = None,
     ):
         self.lease = EngineLease()
         self.owner = None  # whose context the caches hold: a call's ``owner`` (the API's own calls: None)
@@ -66,6 +69,7 @@ class Engines:
         self._step_costs = step_costs or (lambda engine, proposers, hold: device_costs(None, engine, proposers, hold))
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
         self.prompt_cache = prompt_cache
+        self.digest = digest
         self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
 
     def step_costs(self, engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
@@ -140,5 +144,6 @@ def open_engines(
         return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, hold, progress=progress)
 
     heads = load_head_graphs(root, manifest.heads, cpu)
-    cache = PromptCache(int(prompt_cache_mb * 2**20), manifest_digest(root)) if prompt_cache_mb else None
-    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs, prompt_cache=cache)
+    cache = PromptCache(int(prompt_cache_mb * 2**20)) if prompt_cache_mb else None
+    digest = manifest_digest(root)
+    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs, prompt_cache=cache, digest=digest)

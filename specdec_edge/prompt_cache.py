@@ -75,9 +75,8 @@ class Snapshot:
 class PromptCache:
     """The LRU store of one set of engines (``engines.Engines.prompt_cache``), shared by every method over them."""
 
-    def __init__(self, limit_bytes: int, digest: str | None = None):
+    def __init__(self, limit_bytes: int):
         self.limit = int(limit_bytes)
-        self.digest = digest  # the bundle's manifest digest: what prefix files are keyed by (None: engines by hand)
         self._store: OrderedDict[int, Snapshot] = OrderedDict()  # least recently used first
         self._ids = 0
         self.nbytes = 0
@@ -216,10 +215,7 @@ def restore(engines, tap: FeatureTap | None, snap: Snapshot, n: int, want) -> No
 def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
     """Prefill ``ids`` (reusing what the caches hold) through ``engine`` (the target or a feature tap, whose
     features are saved too) and the draft, and write their snapshot to ``path`` atomically."""
-    cache = engines.prompt_cache
-    if cache is None or cache.digest is None:
-        raise SpecdecError("these engines were opened by hand: there is no bundle to key a prefix file by; open the "
-                           "bundle with Pipeline.load(...).")  # fmt: skip
+    digest = _prefix_digest(engines)
     if not engines.target.can_snapshot:
         raise SpecdecError(
             f"prefix files need KV snapshots, which {type(engines.target).__name__} does not take; use provider cpu, "
@@ -231,30 +227,40 @@ def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
         if engines.draft is not None:
             prefill(engines.draft, ids, kept=engines.draft.reusable(ids))
         snap = capture(engines, engine if isinstance(engine, FeatureTap) else None)
-    write_atomic(path, encode(snap, cache.digest))
+    write_atomic(path, encode(snap, digest))
     return Path(path)
 
 
 def load_prefix(engines, engine, path: str | Path) -> int:
-    """Read a prefix file (refused if it is for another bundle, or damaged), store it in the prompt cache and
-    make the engines hold it now. Returns its token count."""
+    """Read a prefix file (refused if it is for another bundle, or damaged), store it in the prompt cache (where
+    there is one) and make the engines hold it now. Returns its token count."""
+    snap = decode_file(Path(path), _prefix_digest(engines), engines.target.vocab_size)
     cache = engines.prompt_cache
-    if cache is None or cache.digest is None:
-        raise SpecdecError("these engines were opened by hand: open the bundle with Pipeline.load(...) to load a "
-                           "prefix file.")  # fmt: skip
-    snap = decode_file(Path(path), cache.digest, engines.target.vocab_size)
     tap = engine if isinstance(engine, FeatureTap) else None
     if problem := snapshot_problem(engines, snap):  # every array, before anything is restored or stored
         raise SpecdecError(f"prefix file {path} does not fit these engines ({problem}); save it again with "
                            "Pipeline.save_prefix.")  # fmt: skip
+    if engines.draft is None:  # engines without the bundle's draft: its slots are of no use here
+        snap.draft_tokens = snap.draft_kv = None
     with engines.lease.holding():
         engines.claim(None)
-        held = engines.target.held
-        if held is not None and len(held) >= MIN_TOKENS and engines.target.reusable(snap.tokens) < len(held):
-            cache.keep(engines)  # what the engines hold now is overwritten next
+        if cache is not None and engines.target.reusable(snap.tokens) < len(engines.target.held or ()):
+            cache.keep_if_worth(engines)  # what the engines hold now is overwritten next
         restore(engines, tap, snap, len(snap.tokens), snap.tokens)
-        cache.put(snap)
+        if cache is not None:
+            cache.put(snap)
     return len(snap.tokens)
+
+
+def _prefix_digest(engines) -> str:
+    """The bundle digest prefix files of ``engines`` are keyed by; engines opened by hand have none."""
+    if engines.digest is None:
+        raise SpecdecError(
+            "prefix files are keyed by the bundle they were saved from, and these engines were built by hand "
+            "(Engines(...)) without one: pass digest=specdec_edge.bundle.manifest_digest(bundle) to Engines, or open "
+            "the bundle with Pipeline.load(...)."
+        )
+    return engines.digest
 
 
 def encode(snap: Snapshot, digest: str) -> bytes:
@@ -344,7 +350,6 @@ def snapshot_problem(engines, snap: Snapshot) -> str | None:
         "draft_kv and draft_tokens come one without the other"
         if (snap.draft_kv is None) != (snap.draft_tokens is None)
         else None,
-        "draft_kv, but these engines have no draft" if snap.draft_kv is not None and draft is None else None,
     ]
     if snap.draft_kv is not None and snap.draft_tokens is not None and draft is not None and draft.can_snapshot:
         (layers, two, one, heads, dim), dtype = draft.kv_layout()

@@ -239,3 +239,26 @@ def test_a_prefix_file_with_features_of_another_shape_never_reaches_eagle(heads_
     want = eagle.with_method("plain").generate(DOC_A + " And?", max_new_tokens=12, reuse=False).token_ids
     assert eagle.generate(DOC_A + " And?", max_new_tokens=12).token_ids == want
     assert eagle.load_prefix(path) > 0 and eagle.generate(DOC_A + " And?", max_new_tokens=12).token_ids == want
+
+
+def test_prefix_files_work_without_a_prompt_cache_and_say_what_is_missing_by_hand(tiny_bundle, tmp_path):
+    """prompt_cache_mb=0 keeps no snapshots, but prefix files still save and load (into the live engines); engines
+    built by hand without the bundle's digest are told exactly that, and how to give it."""
+    from specdec_edge.bundle import manifest_digest
+    from specdec_edge.engines import Engines
+
+    first = Pipeline.load(tiny_bundle, method="plain", threads=1, prompt_cache_mb=0)
+    path = first.save_prefix(tmp_path / "doc.prefix", DOC_A)
+    want = first.generate(DOC_A + " And?", max_new_tokens=8, reuse=False).token_ids
+    second = Pipeline.load(tiny_bundle, method="draft", threads=1, prompt_cache_mb=0)
+    n = second.load_prefix(path)
+    got = second.generate(DOC_A + " And?", max_new_tokens=8)
+    assert got.token_ids == want and got.stats.reused_tokens == n > 0 and second.engines.prompt_cache is None
+    by_hand = Pipeline(first.tokenizer, Engines(first.target, verdict=first.verdict), "plain")
+    for call in (lambda: by_hand.save_prefix(tmp_path / "x.prefix", DOC_A), lambda: by_hand.load_prefix(path)):
+        with pytest.raises(SpecdecError, match=r"built by hand \(Engines\(...\)\) without one: pass digest=") as e:
+            call()
+        assert "opened by hand" not in str(e.value)
+    keyed = Pipeline(first.tokenizer, Engines(first.target, verdict=first.verdict, digest=manifest_digest(tiny_bundle)),
+                     "plain")  # fmt: skip
+    assert keyed.load_prefix(path) == n
