@@ -126,7 +126,7 @@ class Pipeline:
         (measuring its exactness verdict or step costs); default None, silent (the commands print them).
         ``prompt_cache_mb``: host memory for snapshots of earlier contexts (default
         ``prompt_cache.DEFAULT_MB``; 0: none), restored when a call shares more with one of them than with the
-        context the engines hold (``prompt_cache.py``; the ``cpu`` backend).
+        context the engines hold (``prompt_cache.py``; the ``cpu`` backend); prefix files work with 0 too.
         ``history``: keep the prompts and outputs of earlier calls (at most ``history_mb`` MiB, the oldest
         dropped first) for the methods that draft from them (``auto``, ``history``;
         ``speculative/history.py``); False keeps nothing. The output is the same either way, only faster.
