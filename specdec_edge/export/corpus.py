@@ -115,9 +115,7 @@ class Corpus:
             )
         ids_path = path.with_suffix(".ids")
         if not ids_path.is_file() or hashlib.sha256(ids_path.read_bytes()).hexdigest() != shard.get("ids_sha256"):
-            raise ExportError(
-                f"corpus shard {ids_path} is damaged (missing, or not the bytes its manifest records); {fix}."
-            )
+            raise ExportError(f"corpus shard {ids_path} is damaged (missing, or not the bytes its manifest records); {fix}.")
         return shard
 
     @property
