@@ -89,7 +89,7 @@ def make_model(
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif kind == "mistral":
-        model = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
+        model = MistralForCausalLM(MistralConfig(**{"sliding_window": None, **common}))
     elif kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     elif kind == "gemma3":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,16 +33,21 @@ from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.table import NgramTable
 
-# (the engine the loop drives, the proposers whose own cost to measure) -> the device's step costs
-StepCosts = Callable[[Engine, Mapping[str, Proposer]], CostModel]
+# (the engine the loop drives, the proposers whose own cost to measure, how to hold the engines while measuring)
+# -> the device's step costs
+StepCosts = Callable[[Engine, Mapping[str, Proposer], Callable[[], AbstractContextManager]], CostModel]
 
 
 class Engines:
     """One bundle's opened engines, their device's verdict and step costs, and the lease over them.
 
     ``verdict`` None (engines opened by hand): measured on the target now (``open_engines`` caches it per
-    device). ``step_costs`` None: ``auto`` measures them when it is built, and nothing is cached.
+    device). ``step_costs`` None: ``auto`` measures them when it is built, and nothing is cached. Whatever
+    measures on the engines holds their lease meanwhile (``EngineLease.holding``): a call it interrupts goes on
+    from its own context, never from what the measurement left in the caches.
     ``prompt_cache``: the store of earlier contexts' snapshots (``prompt_cache.py``), or None for none.
+    ``digest``: the bundle's manifest digest, which prefix files are keyed by (None: engines built by hand, which
+    save and load none).
     """
 
     def __init__(
@@ -53,24 +59,44 @@ class Engines:
         verdict: Verdict | None = None,
         step_costs: StepCosts | None = None,
         prompt_cache: PromptCache | None = None,
+        digest: str | None = None,
         table: NgramTable | None = None,
     ):
+        self.lease = EngineLease()
+        self.owner = None  # whose context the caches hold: a call's ``owner`` (the API's own calls: None)
         if verdict is None:
-            verdict = to_verdict(measure(target), {})
+            with self.lease.holding():
+                verdict = to_verdict(measure(target), {})
         apply(target, verdict)
         self.target, self.draft, self.heads, self.verdict = target, draft, dict(heads or {}), verdict
-        self.step_costs = step_costs or (lambda engine, proposers: device_costs(None, engine, proposers))
+        self._step_costs = step_costs or (lambda engine, proposers, hold: device_costs(None, engine, proposers, hold))
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
-        self.lease = EngineLease()
         self.prompt_cache = prompt_cache
+        self.digest = digest
         self.table = table  # the bundle's n-gram table (speculative/table.py), or None
         self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
+
+    def step_costs(self, engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
+        """``auto``'s step costs on this device: cached, else measured now on ``engine`` under the lease."""
+        return self._step_costs(engine, proposers, self.lease.holding)
+
+    def claim(self, owner, keep: bool = True) -> None:
+        """Before a call of ``owner`` (under its lease): where the caches hold another owner's context, set it aside
+        for that owner (``keep``: the prompt cache keeps it, tagged) and forget it, so that the call reuses,
+        restores and times nothing of another owner's text (the server's owners are its API keys)."""
+        if owner == self.owner:
+            return
+        if keep and self.prompt_cache is not None:
+            self.prompt_cache.keep_if_worth(self)  # tagged with the owner it belongs to
+        for engine in {self.target, self.draft, *(d.engine for d in self._decoders)} - {None}:
+            engine.reset()
+        self.owner = owner
 
     def decoder(self, engine: Engine, proposer: Proposer, rule, k: int, eos_ids) -> Decoder:
         """A method's ``Decoder`` over these engines (freed with them)."""
         cache = self.prompt_cache
         prepare = None if cache is None else (lambda context: cache.prepare(self, engine, context))
-        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease, prepare)
+        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease, prepare, claim=self.claim)
         self._decoders.add(decoder)
         return decoder
 
@@ -88,7 +114,7 @@ class Engines:
         self.target = self.draft = self.prompt_cache = None
         self.heads = {}
         for decoder in list(self._decoders):
-            decoder.engine = decoder.proposer = decoder.prepare = None  # prepare holds the engine too
+            decoder.engine = decoder.proposer = decoder.prepare = decoder.claim = None  # they hold the engines too
 
 
 def open_engines(
@@ -118,10 +144,13 @@ def open_engines(
     verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device, progress=progress)
     key = CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning)
 
-    def step_costs(engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
-        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, progress=progress)
+    def step_costs(engine: Engine, proposers: Mapping[str, Proposer], hold) -> CostModel:
+        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, hold, progress=progress)
 
     heads = load_head_graphs(root, manifest.heads, cpu)
-    cache = PromptCache(int(prompt_cache_mb * 2**20), manifest_digest(root)) if prompt_cache_mb else None
+    cache = PromptCache(int(prompt_cache_mb * 2**20)) if prompt_cache_mb else None
     table = None if manifest.ngram_table is None else NgramTable.load(root / manifest.ngram_table)
-    return Engines(target, draft, heads, verdict=verdict, step_costs=step_costs, prompt_cache=cache, table=table)
+    return Engines(
+        target, draft, heads, verdict=verdict, step_costs=step_costs, prompt_cache=cache, digest=manifest_digest(root),
+        table=table,
+    )  # fmt: skip

@@ -29,7 +29,8 @@ import collections
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -112,6 +113,20 @@ class EngineLease:
                 self.holder = None
                 self.cond.notify_all()
 
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the engines for the block, as a generation holds them for a step: every use of the caches that is
+        no call's own (measuring step costs, saving or loading a prefix) goes through it. After it the caches hold
+        no call's context (``cached``): a call it interrupted prefills its own context again and goes on exactly."""
+        gen, cancel = self.new_id(), threading.Event()
+        if not self.acquire(gen, cancel):
+            raise closed_error()
+        try:
+            yield
+        finally:
+            self.cached = None
+            self.release(gen, False, cancel)
+
     def close(self) -> None:
         """No step may start any more; wait for a running one to end."""
         with self.cond:
@@ -137,6 +152,7 @@ class Decoder:
     lease: EngineLease
     prepare: Callable | None = None  # (context) -> tokens restored from the prompt cache before a reusing call
     history_slot: HistorySlot | None = None  # the store this method's proposers draft from, set per call
+    claim: Callable | None = None  # (owner): the caches set to hold nothing of another owner's (``Engines.claim``)
 
 
 class Generation:
@@ -152,9 +168,11 @@ class Generation:
         stats: Stats,
         reuse: bool = True,
         history: HistoryStore | None = None,
+        owner=None,
     ):
         self.decoder, self.lease = decoder, decoder.lease
         self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
+        self.owner = owner  # whose calls it may reuse the context of (the server: the API key's)
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
@@ -202,6 +220,8 @@ class Generation:
             self.resumes += 1
             self._earlier = add_stats(self._earlier or Stats(), self._run_stats)
             self._run_stats = Stats()
+        if run.claim is not None:
+            run.claim(self.owner, self.reuse)  # nothing of another owner's context is reused, restored or timed
         self._steps = decode(
             run.engine,
             run.proposer,

@@ -12,7 +12,7 @@ Light: numpy, onnxruntime, tokenizers, jinja2 only (no torch, no transformers).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 
 from specdec_edge.api.engines import Engines, open_engines
@@ -25,7 +25,7 @@ from specdec_edge.bundle.schema import Manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import decide, default_runs_plain, describe, trees_allowed
 from specdec_edge.progress import Progress
-from specdec_edge.runtime.base import GpuOptions
+from specdec_edge.runtime.base import GpuOptions, available_memory
 from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.features import FeatureTap
@@ -128,7 +128,7 @@ class Pipeline:
         (measuring its exactness verdict or step costs); default None, silent (the commands print them).
         ``prompt_cache_mb``: host memory for snapshots of earlier contexts (default
         ``prompt_cache.DEFAULT_MB``; 0: none), restored when a call shares more with one of them than with the
-        context the engines hold (``prompt_cache.py``; the ``cpu`` backend).
+        context the engines hold (``prompt_cache.py``; the ``cpu`` backend); prefix files work with 0 too.
         ``history``: keep the prompts and outputs of earlier calls (at most ``history_mb`` MiB, the oldest
         dropped first) for the methods that draft from them (``auto``, ``history``;
         ``speculative/history.py``); False keeps nothing. The output is the same either way, only faster.
@@ -147,6 +147,8 @@ class Pipeline:
             method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
         tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, chat_template)
         store = HistoryStore.of_mb(history_mb) if history else None
+        if store is not None:
+            check_history_memory(history_mb)
         return cls(tokenizer, engines, method, k, options, allow_inexact=allow_inexact, history=store)
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
@@ -247,6 +249,7 @@ class Pipeline:
         stop: str | Sequence[str] | None = None,
         reuse: bool = True,
         history: bool | HistoryStore = True,
+        owner: Hashable = None,
     ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted.
 
@@ -254,8 +257,8 @@ class Pipeline:
         stops it and frees the engines at once; a stream that is dropped or read slowly never blocks
         other calls: after a short lease they take the engines, and the stream, if read again, goes on
         where it was (``specdec_edge/api/generation.py``).
-        ``reuse``: as for ``generate``. ``history``: True drafts from (and adds this call to) the pipeline's
-        history, a ``HistoryStore`` from (and to) that one, False from none.
+        ``reuse``, ``owner``: as for ``generate``. ``history``: True drafts from (and adds this call to) the
+        pipeline's history, a ``HistoryStore`` from (and to) that one, False from none.
         """
         if self.closed:
             raise closed_error()
@@ -272,7 +275,7 @@ class Pipeline:
             )
         result = GenerationResult("", [], Stats(), None)
         store = self._history_for(history)
-        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats, bool(reuse), store)
+        generation = Generation(self._decoder, ids, params, max_new_tokens, result.stats, bool(reuse), store, owner)
         return Stream(self._text(generation, stops, result), result, generation.cancel)
 
     def generate(
@@ -286,6 +289,7 @@ class Pipeline:
         stop: str | Sequence[str] | None = None,
         reuse: bool = True,
         history: bool | HistoryStore = True,
+        owner: Hashable = None,
     ) -> GenerationResult:
         """Generate text after ``prompt`` (a string, or chat messages [{'role', 'content'}, ...]).
 
@@ -298,8 +302,11 @@ class Pipeline:
         only the rest (``stats.reused_tokens``); False prefills the whole prompt, as a first call does. Greedy
         output with reuse equals plain decoding's with reuse; whether it also equals a fresh prefill's bit for bit
         depends on the bundle (``info``: the verdict's ``reuse_matches_prefill``; docs/DESIGN.md).
+        ``owner``: whose call this is (the server passes the API key's): a call reuses, restores from the prompt
+        cache, and is timed against, only contexts of its own owner's calls; another owner's are set aside for
+        them first (``Engines.claim``). Calls that pass none are all one owner's.
         """
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, reuse, history)
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, reuse, history, owner)
         with stream:
             for _ in stream:
                 pass
@@ -352,6 +359,21 @@ def _method_decoder(engines: Engines, spec, k: int, options: dict, allow_inexact
     decoder = engines.decoder(engine, proposer, spec.acceptance(rule_options), k, tokenizer.eos_token_ids)
     decoder.history_slot = slot
     return decision, decoder
+
+
+def check_history_memory(history_mb: float, stores: int = 1, *, flag: str = "history_mb") -> None:
+    """Refuse, in one line and before anything is allocated, ``stores`` history stores of ``history_mb`` MiB each
+    (the server keeps one per API key) that would not fit in the memory available now. ``flag``: how the size was
+    given (the keyword, or the command line's ``--history-mb``), named in the error."""
+    need = HistoryStore.bytes_of(history_mb) * stores
+    memory = available_memory()
+    if memory and need > memory:
+        each = f" for each of {stores} API keys" if stores > 1 else ""
+        off = "history=False" if flag == "history_mb" else "--no-history"
+        raise SpecdecError(
+            f"{flag} {history_mb:g} MiB{each} needs {need / 2**30:.1f} GiB of memory, more than the "
+            f"{memory / 2**30:.1f} GiB available; give a smaller {flag} (or {off})."
+        )
 
 
 def check_cache_mb(value) -> float:

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
-import threading
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +62,7 @@ class Snapshot:
     layer_features: np.ndarray | None = None  # [n, k*H]
     draft_tokens: list[int] | None = None
     draft_kv: np.ndarray | None = None
+    owner: object = None  # whose context it was (``Engines.owner``): only that owner's calls restore it
 
     @property
     def nbytes(self) -> int:
@@ -75,9 +75,8 @@ class Snapshot:
 class PromptCache:
     """The LRU store of one set of engines (``engines.Engines.prompt_cache``), shared by every method over them."""
 
-    def __init__(self, limit_bytes: int, digest: str | None = None):
+    def __init__(self, limit_bytes: int):
         self.limit = int(limit_bytes)
-        self.digest = digest  # the bundle's manifest digest: what prefix files are keyed by (None: engines by hand)
         self._store: OrderedDict[int, Snapshot] = OrderedDict()  # least recently used first
         self._ids = 0
         self.nbytes = 0
@@ -97,7 +96,7 @@ class PromptCache:
         if size > self.limit:
             return False
         for key, old in list(self._store.items()):
-            if _covers(snap, old):
+            if old.owner == snap.owner and _covers(snap, old):
                 self._drop(key)
         while self.nbytes + size > self.limit:
             self._drop(next(iter(self._store)))
@@ -116,12 +115,12 @@ class PromptCache:
     def _drop(self, key: int) -> None:
         self.nbytes -= self._store.pop(key).nbytes
 
-    def best(self, tokens, features: bool = False) -> tuple[Snapshot | None, int]:
-        """The snapshot with the longest common prefix with ``tokens`` (with features, if ``features``), and that
-        prefix's length; it becomes the most recently used."""
+    def best(self, tokens, features: bool = False, owner=None) -> tuple[Snapshot | None, int]:
+        """``owner``'s snapshot with the longest common prefix with ``tokens`` (with features, if ``features``), and
+        that prefix's length; it becomes the most recently used."""
         found, longest = None, 0
         for key, snap in self._store.items():
-            if features and snap.features is None:
+            if snap.owner != owner or (features and snap.features is None):
                 continue
             n = common_prefix(snap.tokens, tokens)
             if n > longest:
@@ -140,10 +139,10 @@ class PromptCache:
             return 0
         want = context[:-1]
         tap = engine if isinstance(engine, FeatureTap) else None
-        snap, n = self.best(want, features=tap is not None)  # chosen first: keeping the live one may evict it
-        held = target.held
-        if held is not None and len(held) >= MIN_TOKENS and target.reusable(want) < len(held):
-            self.keep(engines)
+        # chosen first: keeping the live one may evict it; only the caller's own (``Engines.claim`` set the owner)
+        snap, n = self.best(want, features=tap is not None, owner=engines.owner)
+        if target.reusable(want) < len(target.held or ()):
+            self.keep_if_worth(engines)
         live = engine.reusable(want)
         if snap is None or n < live + MIN_GAIN:
             return 0
@@ -152,11 +151,17 @@ class PromptCache:
         return n - live
 
     def keep(self, engines) -> None:
-        """Snapshot what the engines hold now, unless a stored snapshot covers it."""
+        """Snapshot what the engines hold now (their owner's), unless a stored snapshot of that owner covers it."""
         snap = capture(engines)
-        if any(_covers(old, snap) for old in self._store.values()):
+        if any(old.owner == snap.owner and _covers(old, snap) for old in self._store.values()):
             return
         self.put(snap)
+
+    def keep_if_worth(self, engines) -> None:
+        """``keep``, where the engines hold at least ``MIN_TOKENS`` (shorter contexts prefill in a pass or two)."""
+        held = engines.target.held
+        if self.limit > 0 and engines.target.can_snapshot and held is not None and len(held) >= MIN_TOKENS:
+            self.keep(engines)
 
 
 def _covers(a: Snapshot, b: Snapshot) -> bool:
@@ -176,7 +181,7 @@ def capture(engines, tap: FeatureTap | None = None) -> Snapshot:
     any tap over the target among the engines' decoders), the draft's slots."""
     target, draft = engines.target, engines.draft
     tokens = list(target.held)
-    snap = Snapshot(tokens, target.snapshot())
+    snap = Snapshot(tokens, target.snapshot(), owner=engines.owner)
     taps = [tap] if tap is not None else [d.engine for d in engines.decoders() if isinstance(d.engine, FeatureTap)]
     for t in taps:
         if t.engine is target and t.reusable(tokens) == len(tokens):
@@ -207,57 +212,55 @@ def restore(engines, tap: FeatureTap | None, snap: Snapshot, n: int, want) -> No
 # ---- prefix files
 
 
-@contextmanager
-def holding(lease):
-    """Hold ``lease`` (the engines) for the block, as a generation holds it for a step; after it the caches hold
-    no generation's context (``EngineLease.cached``)."""
-    gen, cancel = lease.new_id(), threading.Event()
-    if not lease.acquire(gen, cancel):
-        raise SpecdecError("this pipeline was closed; load the bundle again with Pipeline.load(...).")
-    try:
-        yield
-    finally:
-        lease.cached = None
-        lease.release(gen, False, cancel)
-
-
 def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
     """Prefill ``ids`` (reusing what the caches hold) through ``engine`` (the target or a feature tap, whose
     features are saved too) and the draft, and write their snapshot to ``path`` atomically."""
-    cache = engines.prompt_cache
-    if cache is None or cache.digest is None:
-        raise SpecdecError("these engines were opened by hand: there is no bundle to key a prefix file by; open the "
-                           "bundle with Pipeline.load(...).")  # fmt: skip
+    digest = _prefix_digest(engines)
     if not engines.target.can_snapshot:
         raise SpecdecError(
             f"prefix files need KV snapshots, which {type(engines.target).__name__} does not take; use provider cpu, "
             "cuda or tensorrt."
         )
-    with holding(engines.lease):
+    with engines.lease.holding():
+        engines.claim(None)  # the API's own context (a server's owners' are set aside for them)
         prefill(engine, ids, kept=engine.reusable(ids))
         if engines.draft is not None:
             prefill(engines.draft, ids, kept=engines.draft.reusable(ids))
         snap = capture(engines, engine if isinstance(engine, FeatureTap) else None)
-    write_atomic(path, encode(snap, cache.digest))
+    write_atomic(path, encode(snap, digest))
     return Path(path)
 
 
 def load_prefix(engines, engine, path: str | Path) -> int:
-    """Read a prefix file (refused if it is for another bundle, or damaged), store it in the prompt cache and
-    make the engines hold it now. Returns its token count."""
+    """Read a prefix file (refused if it is for another bundle, or damaged), store it in the prompt cache (where
+    there is one) and make the engines hold it now. Returns its token count."""
+    snap = decode_file(Path(path), _prefix_digest(engines), engines.target.vocab_size)
     cache = engines.prompt_cache
-    if cache is None or cache.digest is None:
-        raise SpecdecError("these engines were opened by hand: open the bundle with Pipeline.load(...) to load a "
-                           "prefix file.")  # fmt: skip
-    snap = decode_file(Path(path), cache.digest, engines.target.vocab_size)
     tap = engine if isinstance(engine, FeatureTap) else None
-    with holding(engines.lease):
-        held = engines.target.held
-        if held is not None and len(held) >= MIN_TOKENS and engines.target.reusable(snap.tokens) < len(held):
-            cache.keep(engines)  # what the engines hold now is overwritten next
+    if problem := snapshot_problem(engines, snap):  # every array, before anything is restored or stored
+        raise SpecdecError(f"prefix file {path} does not fit these engines ({problem}); save it again with "
+                           "Pipeline.save_prefix.")  # fmt: skip
+    if engines.draft is None:  # engines without the bundle's draft: its slots are of no use here
+        snap.draft_tokens = snap.draft_kv = None
+    with engines.lease.holding():
+        engines.claim(None)
+        if cache is not None and engines.target.reusable(snap.tokens) < len(engines.target.held or ()):
+            cache.keep_if_worth(engines)  # what the engines hold now is overwritten next
         restore(engines, tap, snap, len(snap.tokens), snap.tokens)
-        cache.put(snap)
+        if cache is not None:
+            cache.put(snap)
     return len(snap.tokens)
+
+
+def _prefix_digest(engines) -> str:
+    """The bundle digest prefix files of ``engines`` are keyed by; engines opened by hand have none."""
+    if engines.digest is None:
+        raise SpecdecError(
+            "prefix files are keyed by the bundle they were saved from, and these engines were built by hand "
+            "(Engines(...)) without one: pass digest=specdec_edge.bundle.hashes.manifest_digest(bundle) to Engines, "
+            "or open the bundle with Pipeline.load(...)."
+        )
+    return engines.digest
 
 
 def encode(snap: Snapshot, digest: str) -> bytes:
@@ -298,7 +301,7 @@ def decode_file(path: Path, digest: str, vocab: int) -> Snapshot:
     (size,) = struct.unpack("<Q", data[len(MAGIC) : len(MAGIC) + 8])
     body = len(MAGIC) + 8 + size
     try:
-        header = json.loads(data[len(MAGIC) + 8 : body])
+        header = json.loads(data[len(MAGIC) + 8 : body], parse_constant=_no_constant)
         if header.get("format") != FORMAT:
             raise SpecdecError(f"prefix file {path} has format {header.get('format')!r}, not {FORMAT}" + fix)
         if header.get("bundle") != digest:
@@ -313,11 +316,52 @@ def decode_file(path: Path, digest: str, vocab: int) -> Snapshot:
             arrays[name] = _array(name, meta, data, body)
     except SpecdecError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise SpecdecError(f"{damaged} ({type(e).__name__}: {e})" + fix) from None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+        raise SpecdecError(f"{damaged} ({type(e).__name__}: {str(e)[:200]})" + fix) from None
     if "kv" not in arrays or arrays["kv"].ndim != 6 or arrays["kv"].shape[4] != len(tokens):
         raise SpecdecError(f"{damaged} (its K/V do not match its {len(tokens)} tokens)" + fix)
     return Snapshot(tokens, draft_tokens=draft_tokens, **arrays)
+
+
+def snapshot_problem(engines, snap: Snapshot) -> str | None:
+    """What in ``snap`` does not fit ``engines`` (each array's shape and dtype against the target, its features and
+    the draft), or None: checked before a snapshot from outside (a prefix file) is restored or stored, since a
+    stored one is restored into later calls."""
+    n, target, draft = len(snap.tokens), engines.target, engines.draft
+
+    def fits(name: str, a, shape: tuple, dtype) -> str | None:
+        if a is None or (a.shape == shape and a.dtype == dtype):
+            return None
+        return f"{name} is {list(a.shape)} {a.dtype}, these engines need {list(shape)} {np.dtype(dtype)}"
+
+    if target.kv_layout() is None:
+        return f"{type(target).__name__} takes no KV snapshots"
+    (layers, two, one, heads, dim), dtype = target.kv_layout()
+    graph = target.graph
+    width = len(graph.feature_layers) * graph.hidden_size
+    problems = [
+        fits("kv", snap.kv, (layers, two, one, heads, n, dim), dtype),
+        fits("features", snap.features, (n, graph.hidden_size), np.float32),
+        fits("layer_features", snap.layer_features, (n, width), np.float32),
+        "layer_features come without features" if snap.features is None and snap.layer_features is not None else None,
+        "features come without this target's layer_features"
+        if snap.features is not None and width and snap.layer_features is None
+        else None,
+        "draft_kv and draft_tokens come one without the other"
+        if (snap.draft_kv is None) != (snap.draft_tokens is None)
+        else None,
+    ]
+    if snap.draft_kv is not None and snap.draft_tokens is not None and draft is not None and draft.can_snapshot:
+        (layers, two, one, heads, dim), dtype = draft.kv_layout()
+        problems.append(fits("draft_kv", snap.draft_kv, (layers, two, one, heads, len(snap.draft_tokens), dim), dtype))
+    problems.append(f"{n} tokens, more than the KV cache holds ({target.capacity})" if n > target.capacity else None)
+    if draft is not None and len(snap.draft_tokens or ()) > draft.capacity:
+        problems.append(f"{len(snap.draft_tokens)} draft tokens, more than the draft's cache holds ({draft.capacity})")
+    return next((p for p in problems if p), None)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} in the header")
 
 
 def _ids(values, vocab: int) -> list[int]:
@@ -330,10 +374,14 @@ def _array(name: str, meta: dict, data: bytes, body: int) -> np.ndarray:
     """One array of the file, checked: a known name and dtype, a shape, a range inside the file, its sha256."""
     if name not in ARRAYS or meta["dtype"] not in DTYPES:
         raise ValueError(f"array {name!r} of dtype {meta.get('dtype')!r}")
-    shape = [int(d) for d in meta["shape"]]
-    dtype = np.dtype(meta["dtype"])
-    start, nbytes = body + int(meta["offset"]), int(meta["nbytes"])
-    if min(shape, default=0) < 0 or nbytes != int(np.prod(shape)) * dtype.itemsize or start + nbytes > len(data):
+    values = [meta["offset"], meta["nbytes"], *meta["shape"]]
+    if not isinstance(meta["shape"], list) or len(meta["shape"]) > 8 or not all(type(v) is int for v in values):
+        raise ValueError(f"array {name!r}: a shape, offset or size that is not integers")
+    shape, dtype = meta["shape"], np.dtype(meta["dtype"])
+    start, nbytes = body + meta["offset"], meta["nbytes"]
+    if min(shape, default=0) < 0 or meta["offset"] < 0 or nbytes != math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"array {name!r}: shape {shape} and {nbytes} bytes do not fit the file")
+    if start + nbytes > len(data):
         raise ValueError(f"array {name!r}: shape {shape} and {nbytes} bytes do not fit the file")
     raw = data[start : start + nbytes]
     if hashlib.sha256(raw).hexdigest() != meta["sha256"]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -158,13 +159,16 @@ def device_costs(
     key: CostKey | None,
     engine: Engine,
     proposers: Mapping[str, Proposer] | None = None,
+    hold: Callable[[], AbstractContextManager] = nullcontext,
     *,
     progress: Progress | None = None,
 ) -> CostModel:
     """The cached costs for ``key``, measured now (and cached) if there are none; ``key`` None: measured, not
     cached.
 
-    ``progress`` gets one line before measuring and one after (``progress.py``; None: silent).
+    ``hold``: the engines' lease (``EngineLease.holding``), held while measuring: the measurement overwrites the
+    caches that a call over the same engines may be using. ``progress`` gets one line before measuring and one
+    after (``progress.py``; None: silent).
     """
     model = None if key is None else load_costs(key)
     if model is not None:
@@ -172,8 +176,9 @@ def device_costs(
     where = "this device" if key is None else f"{key.device} ({key.provider}, threads {key.threads})"
     report(progress, f"specdec-edge: measuring step costs on {where}; once per bundle, a few seconds")
     start = time.perf_counter()
-    contexts, seconds = measure_verify(engine)
-    proposer_costs = measure_proposers(engine, proposers or {})
+    with hold():
+        contexts, seconds = measure_verify(engine)
+        proposer_costs = measure_proposers(engine, proposers or {})
     model = CostModel(list(WIDTHS), contexts, seconds, proposer_costs)
     model.measured_s = time.perf_counter() - start
     if key is None:

@@ -139,3 +139,21 @@ class HashRecord:
             write_atomic(self.path, json.dumps(keep))
         except OSError:
             pass
+
+
+def check_sources(root: Path | str, manifest: Manifest, rels, *, source: Path | str | None = None) -> None:
+    """Hash each of ``rels`` under ``root`` now (never through the hash record) and raise one ``BundleError`` naming
+    those that do not match ``manifest``: for what writes something new out of a bundle's files (a copy with heads,
+    TensorRT engines), which would otherwise record fresh hashes of damaged bytes. ``source``: the bundle to name in
+    the error when ``root`` holds copies of its files."""
+    root = Path(root)
+    bad = [
+        rel for rel in rels if not (root / rel).is_file() or sha256_file(root / rel) != manifest.files[rel]["sha256"]
+    ]
+    if bad:
+        where = Path(source or root)
+        raise BundleError(
+            f"bundle {where} is damaged: {', '.join(bad)} do not match the sha256 in its manifest, and nothing was "
+            f"written from it. Re-copy or re-export the bundle (`specdec-edge verify {where}` lists every damaged "
+            "file)."
+        )

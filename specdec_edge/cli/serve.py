@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specdec_edge.api.pipeline import check_history_memory
 from specdec_edge.api.prompt_cache import DEFAULT_MB
 from specdec_edge.cli.run import CONTEXT, LoadSettings, history_options, load, pipeline_options
 
@@ -73,6 +74,14 @@ def is_loopback(host: str) -> bool:
     show_default=True,
     help="Larger request bodies are refused with 413.",
 )
+@click.option(
+    "--max-connections",
+    type=click.IntRange(8, 1 << 20),
+    default=1024,
+    show_default=True,
+    help="Open connections at most (kept below the open-files limit, which the server raises to its hard limit). "
+    "Beyond it, a new connection replaces the one waiting longest for a request's bytes, or gets 503.",
+)
 @click.option("--model-name", default=None, help="The model id clients send (default: the bundle folder's name).")
 @click.option(
     "--reuse/--no-reuse",
@@ -109,7 +118,11 @@ def serve(settings: LoadSettings, model_name, api_keys, **server):
     from specdec_edge.serve import check_extra, run
 
     check_extra()
+    from specdec_edge.serve.connections import HEADER_TIMEOUT_S, connection_limits
+
     api_keys = tuple(key for key in api_keys if key)
+    if settings.history:  # one store per key: all of them must fit, before the bundle loads
+        check_history_memory(settings.history_mb, max(1, len(api_keys)), flag="--history-mb")
     pipe = load(settings)  # with --prompt-cache-mb, --history and --history-mb (LoadSettings fields)
     model = model_name or Path(settings.bundle).resolve().name
     host = server["host"]  # with port, max_queue, timeout_s, max_body_bytes and reuse: run's keywords
@@ -123,6 +136,16 @@ def serve(settings: LoadSettings, model_name, api_keys, **server):
     click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{server['port']}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
     click.echo(f"KV reuse: {describe_reuse(pipe, server['reuse'])} (--no-reuse, --prompt-cache-mb).")
+    server["max_connections"], asked = connection_limits(server["max_connections"])[0], server["max_connections"]
+    fewer = (
+        f" (the open-files limit leaves fewer than --max-connections {asked})"
+        if server["max_connections"] < asked
+        else ""
+    )
+    click.echo(
+        f"Connections: at most {server['max_connections']} open{fewer}; headers within "
+        f"{min(HEADER_TIMEOUT_S, server['timeout_s']):g} s, a request within --timeout of its first byte."
+    )
     if settings.history:
         clients = f"each of the {len(api_keys)} API keys" if len(api_keys) > 1 else "the one client"
         click.echo(f"History: up to {settings.history_mb:g} MiB for {clients} (--no-history turns it off).")

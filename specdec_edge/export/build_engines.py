@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle.hashes import sha256_file
+from specdec_edge.bundle.hashes import check_sources, sha256_file
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.schema import MANIFEST, GraphSpec
 from specdec_edge.bundle.write import check_writable, disk_errors
@@ -228,6 +228,8 @@ def build_engines(
             )
     # The engines go into the bundle: a read-only or unwritable one is refused before the library loads.
     check_writable(root, f"bundle {root}", "copy the bundle to a writable folder and build there")
+    # and are built from graphs hashed now: an engine of damaged bytes would be recorded as the bundle's own
+    check_sources(root, manifest, [rel for rel in manifest.files if rel.split("/")[0] in {m.role for m in models}])
     version = import_library(library).__version__
     try:
         gpu = gpu_info()

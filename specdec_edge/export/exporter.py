@@ -128,7 +128,7 @@ def export_bundle(
         raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
     if capacity is not None and capacity < 16:
         raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
-    from specdec_edge.export.heads_folder import read_head_config
+    from specdec_edge.export.heads_folder import check_heads_folder
     from specdec_edge.export.sources import cache_limits, load_model, resolve_source
 
     # Fail on bad paths, an occupied --out, heads folders and the capacity before the slow load.
@@ -140,7 +140,7 @@ def export_bundle(
             "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."
         )
     table = _read_table(ngram_table)
-    methods = [read_head_config(Path(folder)).method for folder in heads]
+    methods = [check_heads_folder(Path(folder)).method for folder in heads]  # config and weights, whole
     if len(set(methods)) < len(methods):
         raise ExportError(f"two heads folders of one method were given ({', '.join(methods)}); pass one per method.")
     limits = {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
@@ -351,7 +351,7 @@ def export_graph(
         },
     )
     with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
-        report = {**validate_graph(path, spec, loaded.model), "batch_invariance": invariance}
+        report = {**validate_graph(path, spec, loaded.model, window=cfg.sliding_window), "batch_invariance": invariance}
     config = loaded.model.config
     return {
         "role": role,

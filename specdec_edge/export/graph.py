@@ -59,7 +59,7 @@ class DecoderConfig:
     rms_eps: float
     attn_scale: float
     layer_types: list  # per layer: "full_attention" | "sliding_attention"
-    sliding_window: int | None
+    sliding_window: int | None  # keys the "sliding_attention" layers attend within; None: no mask (all of them)
     rope: dict  # layer type -> (cos, sin) float32 [capacity, head_dim // 2]
     final_logit_softcap: float | None = None
     weights: dict = field(default_factory=dict)  # HF state-dict names -> float32 numpy
@@ -238,8 +238,8 @@ class DecoderGraph:
         bias_shape = b.op("Shape", "attention_bias")
         self.total = b.op("Gather", bias_shape, b.const(3), axis=0)  # int64 scalar: past + S
         self.seq = b.op("Gather", b.op("Shape", "input_ids"), b.const(1), axis=0)
-        self.biases = {"full_attention": bias}
-        if self.arch.sliding_window and "sliding_attention" in cfg.layer_types:
+        self.biases = {"full_attention": bias, "sliding_attention": bias}
+        if cfg.sliding_window is not None and "sliding_attention" in cfg.layer_types:
             # Local layers also mask keys at distance >= window from the query position.
             kpos = b.op("Range", b.const(0), self.total, b.const(1))  # [T]
             qpos = b.op("Unsqueeze", "position_ids", b.const([1, 3]))  # [B, 1, S, 1]

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdec_edge.bundle.hashes import check_sources
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.write import StagingDir
 from specdec_edge.errors import ExportError
@@ -209,14 +210,14 @@ def _read_target_table(path: Path, table: dict, dest: Path) -> Path:
     return dest
 
 
-def target_weights(bundle: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The target's embedding [V, H] and LM head [V, H] read from a bundle's fp32/fp16 graph."""
+def target_weights(bundle: Path, graph=None) -> tuple[np.ndarray, np.ndarray]:
+    """The target's embedding [V, H] and LM head [V, H] read from a bundle's fp32/fp16 graph (``graph``: its
+    GraphSpec, where ``bundle`` is a folder without a manifest yet)."""
     import onnx
     from onnx import numpy_helper
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-    manifest = read_manifest(bundle)
-    graph = manifest.target.graph
+    graph = graph or read_manifest(bundle).target.graph
     path = Path(bundle) / graph.path
     if graph.dtype not in ("fp32", "fp16"):
         return quantized_target_weights(path, graph)
@@ -312,7 +313,8 @@ def target_final_norm(bundle: Path) -> np.ndarray | None:
 
 
 def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = False) -> Path:
-    """Write a copy of ``bundle`` with head graphs at ``out`` (staged, then renamed into place)."""
+    """Write a copy of ``bundle`` with head graphs at ``out`` (staged, then renamed into place); every copied file
+    is hashed against the source's manifest first, so a damaged source is refused, never re-recorded."""
     bundle, out = Path(bundle), Path(out)
     manifest = read_manifest(bundle)
     if not manifest.target.graph.has_hidden_states:
@@ -330,19 +332,20 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
         )
     if out.resolve() == bundle.resolve():
         raise ExportError("--out must differ from the source bundle; the new bundle is written beside it.")
-    embed, lm_head = target_weights(bundle)
     old_heads = {h.graph for h in manifest.heads.values()}
     old_heads |= {g + ".data" for g in old_heads}
     with StagingDir(out, force) as staging:
-        for rel in manifest.files:
-            if rel.startswith("heads/") or rel in old_heads:
-                continue
+        copied = [rel for rel in manifest.files if not rel.startswith("heads/") and rel not in old_heads]
+        for rel in copied:
             dest = staging.path / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(bundle / rel, dest)
+        # every copy hashed against the source's manifest: a damaged source must not pass as a fresh bundle
+        check_sources(staging.path, manifest, copied, source=bundle)
+        graph = manifest.target.graph
+        embed, lm_head = target_weights(staging.path, graph)  # from the checked copy
         data = manifest.to_json()
         data.pop("files")
-        graph = manifest.target.graph
         chains = not trees_exact(recorded_verdict(graph), graph.dtype)  # as `export --heads` records them
         data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, chains, graph.path)
         return staging.commit(data)

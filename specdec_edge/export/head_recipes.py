@@ -45,6 +45,7 @@ class HeadRecipe:
     dynamic_axes: dict[str, dict[int, str]]
     examples: Callable[[HeadConfig], list[tuple]]  # graph inputs: the first is traced, all are validated
     reads_layers: bool = False  # reads the target's ``layer_features`` (EAGLE-3), not only its hidden states
+    sizes: tuple[str, ...] = ()  # the HeadConfig sizes this module is built from (each at least 1)
 
 
 def _eagle_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads, feature_layers=()):
@@ -103,6 +104,7 @@ RECIPES: dict[str, HeadRecipe] = {
         outputs=("hidden_states", "topk_logprobs", "topk_ids", "key", "value"),
         dynamic_axes={"features": {1: "seq"}, **_HEAD_STEP_AXES},
         examples=eagle_examples,
+        sizes=("num_heads", "num_kv_heads", "head_dim", "intermediate_size"),
     ),
     "eagle3": HeadRecipe(
         name="eagle3",
@@ -127,6 +129,7 @@ RECIPES: dict[str, HeadRecipe] = {
         dynamic_axes={"target_features": {1: "committed"}, "features": {1: "drafted"}, **_HEAD_STEP_AXES},
         examples=eagle3_examples,
         reads_layers=True,
+        sizes=("num_heads", "num_kv_heads", "head_dim", "intermediate_size"),
     ),
     "medusa": HeadRecipe(
         name="medusa",
@@ -141,6 +144,7 @@ RECIPES: dict[str, HeadRecipe] = {
         outputs=("topk_logprobs", "topk_ids"),
         dynamic_axes={"hidden_states": {0: "rows"}, "topk_logprobs": {1: "rows"}, "topk_ids": {1: "rows"}},
         examples=medusa_examples,
+        sizes=("medusa_heads",),
     ),
 }
 HEAD_METHODS = tuple(RECIPES)  # the head methods that can be trained and exported

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from specdec_edge.errors import ExportError
-from specdec_edge.export.arch import arch_for
+from specdec_edge.export.arch import arch_for, attention_windows
 from specdec_edge.export.graph import DecoderConfig
 
 
@@ -189,10 +189,8 @@ def decoder_config(model, arch, capacity: int) -> DecoderConfig:
 
     c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    layer_types = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
-    layer_types = ["sliding_attention" if t == "sliding_attention" else "full_attention" for t in layer_types]
-    if not arch.sliding_window and getattr(c, "sliding_window", None) and getattr(c, "use_sliding_window", False):
-        raise ExportError("sliding-window attention is not supported for this architecture; disable it in the config.")
+    # every model type's window, as its transformers attention applies it; the graph masks the same keys
+    layer_types, window = attention_windows(c, c.model_type, capacity)
     scale = getattr(c, "query_pre_attn_scalar", None)
     attn_scale = float(scale) ** -0.5 if arch.name == "gemma3" and scale else head_dim**-0.5
     rope = {}
@@ -201,7 +199,7 @@ def decoder_config(model, arch, capacity: int) -> DecoderConfig:
     rotary = model.model.rotary_emb
     with torch.no_grad():
         for t in sorted(set(layer_types)):
-            cos, sin = rotary(dummy, positions, t) if arch.sliding_window else rotary(dummy, positions)
+            cos, sin = rotary(dummy, positions, t) if arch.rope_by_layer_type else rotary(dummy, positions)
             rope[t] = (
                 cos[0, :, : head_dim // 2].numpy().astype(np.float32),
                 sin[0, :, : head_dim // 2].numpy().astype(np.float32),
@@ -218,7 +216,7 @@ def decoder_config(model, arch, capacity: int) -> DecoderConfig:
         rms_eps=c.rms_norm_eps,
         attn_scale=attn_scale,
         layer_types=layer_types,
-        sliding_window=getattr(c, "sliding_window", None) if arch.sliding_window else None,
+        sliding_window=window,
         rope=rope,
         final_logit_softcap=getattr(c, "final_logit_softcapping", None),
         weights=weights,

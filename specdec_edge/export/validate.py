@@ -40,8 +40,16 @@ def _compare_features(got: np.ndarray, graph: GraphSpec, torch_model, ids, start
     return {"layer_features_max_rel_err": err, "feature_layers": list(graph.feature_layers)}
 
 
-def validate_graph(model_path, graph: GraphSpec, torch_model, *, prefix_len: int = 9, seed: int = 0) -> dict:
-    """Return the error report; raise ExportError if any error exceeds the tolerance."""
+def validation_prefix(window: int | None, capacity: int) -> int:
+    """The cached prefix the S=1, S=5 and tree passes follow: past a sliding window where the model has one (its
+    masked keys are then compared too), leaving the 7 cache slots the tree needs."""
+    return max(9, min(window or 0, capacity - len(TREE_PARENTS)))
+
+
+def validate_graph(model_path, graph: GraphSpec, torch_model, *, window: int | None = None, seed: int = 0) -> dict:
+    """Return the error report; raise ExportError if any error exceeds the tolerance. ``window``: the model's sliding
+    window (keys), None without one."""
+    prefix_len = validation_prefix(window, graph.cache.capacity)
     rng = np.random.default_rng(seed)
     vocab = graph.vocab_size
     engine = OrtEngine(model_path, graph)
@@ -84,6 +92,7 @@ def validate_graph(model_path, graph: GraphSpec, torch_model, *, prefix_len: int
         "tolerance": tol,
         "top1_agreement": float(np.mean(top1)),
         "tree_parents": TREE_PARENTS,
+        "prefix_tokens": prefix_len,
         **features,
     }
     worst_features = features.get("layer_features_max_rel_err", 0.0)

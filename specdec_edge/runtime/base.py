@@ -77,6 +77,19 @@ def physical_memory() -> int | None:
         return None
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations now (Linux: MemAvailable), else the machine's RAM, where the
+    platform says."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return physical_memory()
+
+
 def kv_cache_bytes(graph) -> int:
     """Bytes of one graph's KV cache (``GraphSpec.cache``): layers x key and value x heads x capacity x dim."""
     c = graph.cache

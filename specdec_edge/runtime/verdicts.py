@@ -34,7 +34,8 @@ across every candidate boundary, with the boundaries found applied as the runtim
 verdict (``exactness.Verdict``) belongs to the device: export records the export machine's; on any
 other device (``runtime/device.py``: CPU model and features, provider, GPU, ONNX Runtime version,
 threads) ``device_verdict`` measures it again, once, in seconds, and caches it in
-``<cache>/verdicts/`` (atomically; a damaged file is measured again). ``exactness.py`` decides what runs.
+``<cache>/verdicts/`` (atomically, with a checksum over the verdict, the bundle digest and the device; a damaged or
+edited file is measured again). ``exactness.py`` decides what runs.
 """
 
 from __future__ import annotations
@@ -412,23 +413,35 @@ def verdict_path(bundle_digest: str, graph_path: str, device: dict) -> Path:
     return cache_dir() / "verdicts" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
 
 
+def verdict_checksum(digest: str, graph_path: str, verdict: dict) -> str:
+    """sha256 of a cached verdict with the bundle digest, graph and device it holds for: an accidental edit of the
+    file (a changed width, boundary or flag would make speculation inexact silently) no longer matches."""
+    key = json.dumps([VERDICT_FORMAT, digest, graph_path, verdict], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def load_verdict(path: Path, digest: str, graph_path: str, device: dict) -> Verdict | None:
-    """The cached verdict at ``path`` if it is whole and for this bundle, graph and device; else None."""
+    """The cached verdict at ``path`` if it is whole, matches its checksum and is for this bundle, graph and device;
+    else None (then it is measured again)."""
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or data.get("format") != VERDICT_FORMAT:
             return None
         if (data.get("bundle"), data.get("graph")) != (digest, graph_path):
             return None
+        if data.get("checksum") != verdict_checksum(digest, graph_path, data.get("verdict")):
+            return None
         verdict = Verdict.from_json(data.get("verdict"))
-    except (OSError, ValueError, TypeError, UnicodeDecodeError):
+    except (OSError, ValueError, TypeError, UnicodeDecodeError, RecursionError):
         return None
     return verdict if verdict.device == device else None
 
 
 def save_verdict(path: Path, digest: str, graph_path: str, verdict: Verdict) -> Path | None:
-    """Write the verdict atomically; None (and nothing written) where the cache cannot be written."""
+    """Write the verdict and its checksum atomically; None (and nothing written) where the cache cannot be
+    written."""
     data = {"format": VERDICT_FORMAT, "bundle": digest, "graph": graph_path, "verdict": verdict.to_json()}
+    data["checksum"] = verdict_checksum(digest, graph_path, data["verdict"])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(data, indent=1))
@@ -444,7 +457,8 @@ def cached_verdicts(root: str | Path) -> list[dict]:
     for path in sorted((cache_dir() / "verdicts").glob("*.json")):
         try:
             data = json.loads(path.read_text())
-            if data.get("format") == VERDICT_FORMAT and data.get("bundle") == digest:
+            whole = data.get("checksum") == verdict_checksum(digest, data.get("graph"), data.get("verdict"))
+            if data.get("format") == VERDICT_FORMAT and data.get("bundle") == digest and whole:
                 found.append({"graph": data["graph"], **Verdict.from_json(data["verdict"]).to_json()})
         except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
             continue
@@ -471,11 +485,12 @@ def device_verdict(
         verdict = load_verdict(path, digest, graph_path, device)
         if verdict is None:
             other = ", ".join(k for k in device if recorded.device.get(k) != device[k]) or "device"
+            damaged = f"; the cached one, {path}, is damaged or edited" if path.exists() else ""
             report(
                 progress,
                 f"specdec-edge: checking on {device.get('name')} ({device.get('provider')}, threads "
                 f"{device.get('threads')}) that verification is exact here (the bundle was checked with another "
-                f"{other}); once per device and setting, seconds to a minute",
+                f"{other}{damaged}); once per device and setting, seconds to a minute",
             )
             verdict = to_verdict(measure(engine), device)
             saved = save_verdict(path, digest, graph_path, verdict)

@@ -25,12 +25,28 @@ def check_extra() -> None:
         )
 
 
-def run(pipe, *, host: str, port: int, model: str, log_level: str = "info", **settings) -> None:
-    """Serve ``pipe`` on ``host:port`` until interrupted; ``settings`` go to ``app.create_app``."""
+def run(
+    pipe, *, host: str, port: int, model: str, max_connections: int = 1024, log_level: str = "info", **settings
+) -> None:
+    """Serve ``pipe`` on ``host:port`` until interrupted; ``settings`` go to ``app.create_app``.
+    ``max_connections``: open connections at most (``connections.connection_limits`` keeps it below the descriptor
+    limit, which it raises)."""
     check_extra()
     import uvicorn
 
     from specdec_edge.serve.app import create_app
+    from specdec_edge.serve.connections import (
+        HEADER_TIMEOUT_S,
+        connection_limits,
+        guarded_protocol,
+        quiet_accept_errors,
+    )
 
     app = create_app(pipe, model=model, **settings)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    header_s = min(HEADER_TIMEOUT_S, settings.get("timeout_s", HEADER_TIMEOUT_S))
+    max_connections, backlog = connection_limits(max_connections)
+    protocol = guarded_protocol(max_connections=max_connections, header_timeout_s=header_s)
+    quiet_accept_errors()
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, http=protocol, backlog=backlog
+    )

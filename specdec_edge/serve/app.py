@@ -48,6 +48,7 @@ from specdec_edge.serve.protocol import (
 from specdec_edge.serve.worker import Job, QueueFull, Worker
 
 log = logging.getLogger("specdec_edge.serve")
+BODY_TIMEOUT_S = 60.0  # a request body's time from its headers (and within --timeout); then 408
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 NO_RETRY = {"x-should-retry": "false"}  # the official clients retry 5xx unless told not to
 
@@ -129,7 +130,28 @@ def data(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def read_json(request: Request, limit: int):
+async def read_json(request: Request, limit: int, deadline: float):
+    """The request's JSON body, read until ``deadline`` (monotonic seconds): a 408 past it, a 413 past ``limit``
+    bytes."""
+    try:
+        body = await asyncio.wait_for(_read_body(request, limit), max(deadline - time.monotonic(), 0))
+    except asyncio.TimeoutError:
+        raise APIError(
+            408,
+            "the request body did not arrive in time (this server waits at most "
+            f"{BODY_TIMEOUT_S:g} s after the headers, within --timeout): send the whole body at once.",
+            code="request_timeout",
+            headers={"connection": "close"},  # the rest of the body is not read: this connection is done
+        ) from None
+    if not body:
+        raise bad("the request body is empty: send a JSON object.")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"the request body is not valid JSON ({e}).") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
     too_large = APIError(
         413,
         f"the request body is larger than {limit} bytes, this server's limit (--max-body-bytes).",
@@ -148,13 +170,7 @@ async def read_json(request: Request, limit: int):
         raise APIError(
             499, "the client disconnected before it sent the whole request body.", code="client_gone"
         ) from None
-
-    if not body:
-        raise bad("the request body is empty: send a JSON object.")
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise bad(f"the request body is not valid JSON ({e}).") from None
+    return body
 
 
 class Events:
@@ -202,13 +218,17 @@ async def watch_disconnect(request: Request, job: Job, events: Events) -> None:
 
 async def complete(request: Request, kind: str) -> Response:
     srv = _server(request)
-    deadline = time.monotonic() + srv.timeout_s
+    # --timeout counts from the request's first byte (the connection guard notes it), slow headers included
+    deadline = getattr(request.state, "first_byte", None) or time.monotonic()
+    deadline += srv.timeout_s
     client = srv.authorize(request)
-    body = await read_json(request, srv.max_body_bytes)
+    body = await read_json(request, srv.max_body_bytes, min(deadline, time.monotonic() + BODY_TIMEOUT_S))
     req = parse_request(body, kind, srv.model, srv.pipe.capacity)
     prompt_tokens, max_tokens = await run_in_threadpool(srv.budget, req)
     events = Events(deadline, srv.timeout_s)
-    job = Job(req.prompt, {**req.options(max_tokens), "history": srv.history(client)}, events.notify)
+    # owner: the request reuses, restores and is timed against only its own key's earlier contexts
+    options = {**req.options(max_tokens), "history": srv.history(client), "owner": client}
+    job = Job(req.prompt, options, events.notify, client=client)
     try:
         srv.worker.submit(job)
     except QueueFull as full:
@@ -308,8 +328,8 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     srv = _server(request)
-    srv.authorize(request)
-    return Response(srv.metrics.render(), media_type=CONTENT_TYPE)
+    client = srv.authorize(request)  # each key reads its own generations' metrics only
+    return Response(srv.metrics.render(client), media_type=CONTENT_TYPE)
 
 
 async def api_error(request: Request, e: APIError) -> Response:

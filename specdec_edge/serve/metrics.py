@@ -1,8 +1,12 @@
-"""Prometheus metrics of one server (GET /metrics), in a registry of its own.
+"""Prometheus metrics of one server (GET /metrics), in registries of its own.
 
 Counters add up over the server's life (rates and ratios come from them: e.g. acceptance =
 ``rate(specdec_draft_tokens_accepted_total) / rate(specdec_draft_tokens_proposed_total)``);
 gauges hold the last generation's figures and the current queue depth.
+
+What a generation's text decides (its tokens, reuse, passes, time, finish reason) is kept per client (API
+key) and each key reads only its own: with several keys, one key's metrics never tell another about its
+text. HTTP answers by path and status and the queue depth are the server's, read by every key.
 """
 
 from __future__ import annotations
@@ -18,11 +22,39 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
+    """The server's own metrics (``requests``, ``queue_depth``), and one ``Generations`` per client."""
+
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "specdec_requests", "HTTP requests answered, by path and status code", ["path", "status"], registry=r
         )
+        self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting or being generated", registry=r)
+        self.clients: dict[int, Generations] = {}
+
+    def watch_queue(self, depth: Callable[[], int]) -> None:
+        """Read the queue depth from ``depth()`` at every scrape."""
+        self.queue_depth.set_function(depth)
+
+    def client(self, client: int) -> Generations:
+        if client not in self.clients:
+            self.clients[client] = Generations()
+        return self.clients[client]
+
+    def observe(self, result: GenerationResult | None, seconds: float, client: int = 0) -> None:
+        """Record one generation of ``client`` that ran (None: it failed)."""
+        self.client(client).observe(result, seconds)
+
+    def render(self, client: int = 0) -> bytes:
+        """The server's metrics and ``client``'s own generations."""
+        return generate_latest(self.registry) + generate_latest(self.client(client).registry)
+
+
+class Generations:
+    """The generations of one client: what their text decides."""
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
         self.generations = Counter(
             "specdec_generations",
             "Generations run, by finish reason (eos, stop, length, cancelled, error)",
@@ -50,11 +82,6 @@ class Metrics:
         self.acceptance = Gauge(
             "specdec_acceptance_rate", "Accepted / proposed draft tokens of the last generation", registry=r
         )
-        self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting or being generated", registry=r)
-
-    def watch_queue(self, depth: Callable[[], int]) -> None:
-        """Read the queue depth from ``depth()`` at every scrape."""
-        self.queue_depth.set_function(depth)
 
     def observe(self, result: GenerationResult | None, seconds: float) -> None:
         """Record one generation that ran (None: it failed)."""
@@ -75,6 +102,3 @@ class Metrics:
         self.tokens_per_pass.set(s.tokens_per_pass)
         if s.proposed:
             self.acceptance.set(s.acceptance_rate)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from specdec_edge.api.streaming import MAX_STOP_CHARS
+from specdec_edge.serve.parameters import STREAM_OPTIONS, refused_field, refused_message_field
 from specdec_edge.tokenizer import MAX_MESSAGES
 from specdec_edge.values import is_int as _is_int
 
@@ -22,23 +23,6 @@ STATS_FIELD = "specdec_edge"
 MAX_STOPS = 4  # as OpenAI's API
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled"}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to what the cache holds
-# Parameters that change the output and that this server does not implement: refused unless they hold
-# the value that means "off" (what clients send by default), never silently ignored.
-UNSUPPORTED_UNLESS = {
-    "n": (1,),
-    "best_of": (1,),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "echo": (False,),
-    "suffix": ("",),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "repetition_penalty": (1,),
-    "logit_bias": ({},),
-    "tools": ([],),
-    "functions": ([],),
-    "response_format": ({"type": "text"},),
-}
 
 
 class APIError(Exception):
@@ -160,6 +144,11 @@ def _messages(body: dict) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise bad(f"{where} must be an object with 'role' and 'content'.", where)
+        if (extra := refused_message_field(message)) is not None:
+            raise bad(
+                f"{where}.{extra} is not supported by this server: send role and content only (text).",
+                f"{where}.{extra}",
+            )
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise bad(f"{where}.role must be a string such as 'system', 'user' or 'assistant'.", f"{where}.role")
@@ -193,10 +182,9 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _refuse_unsupported(body: dict) -> None:
-    for name, off in UNSUPPORTED_UNLESS.items():
-        value = body.get(name)
-        if value is not None and value not in off:
-            raise bad(f"{name}={value!r} is not supported by this server; leave it out.", name)
+    """Every field is read, known to have no effect, or at its "off" value (``parameters.py``): never ignored."""
+    if (refused := refused_field(body)) is not None:
+        raise bad(refused[1], refused[0])
 
 
 def parse_request(body, kind: str, model: str, capacity: int) -> CompletionRequest:
@@ -234,6 +222,8 @@ def parse_request(body, kind: str, model: str, capacity: int) -> CompletionReque
         raise bad("stream_options is only allowed with stream=true.", "stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad("stream_options must be an object such as {'include_usage': true}.", "stream_options")
+    if unknown := sorted(k for k, v in (options or {}).items() if k not in STREAM_OPTIONS and v not in (None, False)):
+        raise bad(f"stream_options.{unknown[0]} is not supported by this server; leave it out.", "stream_options")
     return CompletionRequest(
         kind=kind,
         prompt=prompt,

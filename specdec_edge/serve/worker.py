@@ -40,8 +40,9 @@ class Job:
     or another exception); a job cancelled before it started gets no call."""
 
     prompt: str | list[dict]
-    options: dict  # Pipeline.stream keywords: max_new_tokens, temperature, top_k, top_p, seed, stop
+    options: dict  # Pipeline.stream keywords: max_new_tokens, temperature, top_k, top_p, seed, stop, owner, ...
     notify: Callable[[str, object], None]
+    client: int = 0  # whose request (the API key's index): its metrics are that client's
     cancelled: threading.Event = field(default_factory=threading.Event)
     stream: Stream | None = None
 
@@ -60,12 +61,12 @@ class Worker:
         self,
         pipe,
         max_queue: int,
-        on_done: Callable[[GenerationResult | None, float], None] = lambda result, seconds: None,
+        on_done: Callable[[GenerationResult | None, float, int], None] = lambda result, seconds, client: None,
         reuse: bool = True,
     ):
         self.pipe = pipe
         self.reuse = reuse  # requests reuse the KV prefix the last one left (Pipeline.stream's reuse)
-        self.on_done = on_done  # after every job that ran: (result, or None after an error; seconds)
+        self.on_done = on_done  # after every job that ran: (result, or None after an error; seconds; client)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._running: Job | None = None
         self._mean_s = 1.0  # moving average of a job's duration, for Retry-After
@@ -110,14 +111,14 @@ class Worker:
             finally:
                 self._running = None
 
-    def _record(self, result: GenerationResult | None, start: float) -> None:
+    def _record(self, job: Job, result: GenerationResult | None, start: float) -> None:
         """Metrics of a job that ran, recorded before its client hears the outcome (so a client that
         reads /metrics after its response sees its own request counted, and no longer in the queue)."""
         seconds = time.perf_counter() - start
         self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
         self._running = None  # not queued nor running any more: the queue depth a client reads next excludes it
         try:
-            self.on_done(result, seconds)
+            self.on_done(result, seconds, job.client)
         except Exception:  # metrics must never stop the worker
             log.exception("recording a finished generation failed")
 
@@ -131,14 +132,14 @@ class Worker:
             with stream:
                 for piece in stream:
                     job.notify("piece", piece)
-            self._record(stream.result, start)
+            self._record(job, stream.result, start)
             job.notify("done", stream.result)
         except SpecdecError as e:  # the pipeline refused this request
-            self._record(None, start)
+            self._record(job, None, start)
             job.notify("error", e)
         except BaseException as e:  # a bug, or a native library's BaseException: report, log, keep serving
             log.exception("generation failed")
-            self._record(None, start)
+            self._record(job, None, start)
             try:
                 job.notify("error", e)
             except BaseException:  # the job's own callback failed: nothing more to tell it

@@ -99,8 +99,9 @@ class HistoryStore:
             )
         self.limit_bytes = int(limit_bytes)
         self.capacity = capacity
-        self.buffer = np.full(capacity, SEP, dtype=np.int32)
-        self.index = np.full((len(LEVELS), capacity), -1, dtype=np.int64)  # slot -> where the continuation starts
+        # allocated on the first add: a store nobody adds to (a server's, whose clients have their own) costs nothing
+        self.buffer: np.ndarray | None = None  # [capacity] int32
+        self.index: np.ndarray | None = None  # [levels, capacity] int64: slot -> where the continuation starts
         self.base = 0  # absolute position of buffer[0]
         self.end = 0  # absolute position after the last token
         self.stream = -1  # absolute start of the last stream (-1: none)
@@ -119,7 +120,12 @@ class HistoryStore:
 
     @property
     def nbytes(self) -> int:
-        return self.buffer.nbytes + self.index.nbytes
+        return 0 if self.buffer is None else self.buffer.nbytes + self.index.nbytes
+
+    @staticmethod
+    def bytes_of(mb: float) -> int:
+        """Bytes a store of ``mb`` MiB takes once used (``limit_bytes`` rounded down to whole tokens)."""
+        return int(mb * (1 << 20)) // _BYTES_PER_TOKEN * _BYTES_PER_TOKEN
 
     @property
     def held(self) -> int:
@@ -128,8 +134,7 @@ class HistoryStore:
 
     def clear(self) -> None:
         with self._lock:
-            self.buffer.fill(SEP)
-            self.index.fill(-1)
+            self.buffer = self.index = None
             self.base = self.end = 0
             self.stream = -1
 
@@ -137,6 +142,9 @@ class HistoryStore:
         """Remember one call's prompt + output (only what is new when it extends the last stream)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         with self._lock:
+            if self.buffer is None:
+                self.buffer = np.full(self.capacity, SEP, dtype=np.int32)
+                self.index = np.full((len(LEVELS), self.capacity), -1, dtype=np.int64)
             start = self._extends(tokens)
             if start and (self.end - self.stream) + len(tokens) - start > self.capacity:
                 start = 0  # the stream would outgrow the buffer: its tail becomes a new stream

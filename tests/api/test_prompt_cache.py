@@ -153,3 +153,112 @@ def test_a_prefix_file_for_another_bundle_or_damaged_is_refused(plain, tiny_self
     with pytest.raises(SpecdecError, match="cannot read prefix file"):
         plain.load_prefix(tmp_path / "missing.prefix")
     other.close()
+
+
+@pytest.mark.parametrize("cache_mb", [64, 0])
+@pytest.mark.parametrize("method", ["plain", "draft"])
+def test_calls_reuse_and_restore_only_their_own_owners_contexts(tiny_bundle, cache_mb, method):
+    """Owner B sends the start of what owner A sent (a guess at A's text): B reuses, restores and prefills as if
+    A's call never happened (``reused_tokens`` 0), and gets the same tokens as on fresh engines; A then goes on
+    with its own context (restored from the prompt cache where there is one). Output is the same throughout."""
+    pipe = Pipeline.load(tiny_bundle, method=method, threads=1, prompt_cache_mb=cache_mb)
+    secret = DOC_A + " The PIN is 4821."
+    fresh = {p: pipe.generate(p, max_new_tokens=8, reuse=False) for p in (secret, DOC_A + " The PIN is 4")}
+    a = pipe.generate(secret, max_new_tokens=8, owner="A")
+    guesses = [pipe.generate(DOC_A + " The PIN is 4", max_new_tokens=8, owner="B") for _ in range(2)]
+    again = pipe.generate(secret, max_new_tokens=8, owner="A")
+    assert guesses[0].stats.reused_tokens == 0 and guesses[0].stats.restored_tokens == 0
+    assert guesses[1].stats.reused_tokens > 0  # its own earlier call's context: reused
+    assert [g.token_ids for g in guesses] == [fresh[DOC_A + " The PIN is 4"].token_ids] * 2
+    assert a.token_ids == again.token_ids == fresh[secret].token_ids
+    assert again.stats.reused_tokens == (len(pipe.encode(secret)) - 1 if cache_mb else 0)
+    no_owner = pipe.generate(secret, max_new_tokens=8)  # the API's own calls are one owner, not A: at most its own
+    assert no_owner.stats.reused_tokens < len(pipe.encode(secret)) - 1  # earlier context, never A's whole one
+
+
+def rewrite_header(path, out, edit=None, raw: bytes | None = None):
+    """A copy of prefix file ``path`` at ``out`` whose JSON header is ``edit(header)`` (or the bytes ``raw``), the
+    arrays' bytes (and so their sha256) unchanged."""
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[len(MAGIC) : len(MAGIC) + 8])
+    header = json.loads(data[len(MAGIC) + 8 : len(MAGIC) + 8 + size])
+    if edit is not None:
+        edit(header)
+    head = raw if raw is not None else json.dumps(header).encode()
+    out.write_bytes(MAGIC + struct.pack("<Q", len(head)) + head + data[len(MAGIC) + 8 + size :])
+    return out
+
+
+def _reshape(name, shape):
+    return lambda h: h["arrays"][name].update(shape=shape(h["arrays"][name]["shape"]))
+
+
+PREFIX_DAMAGE = {
+    "infinite-shape": _reshape("kv", lambda s: [float("inf"), *s[1:]]),
+    "infinite-offset": lambda h: h["arrays"]["kv"].update(offset=float("inf")),
+    "nan-size": lambda h: h["arrays"]["kv"].update(nbytes=float("nan")),
+    "huge-shape": _reshape("kv", lambda s: [2**62, 2**62, *s[2:]]),
+    "kv-reshaped": _reshape("kv", lambda s: [*s[:3], s[3] * s[5], s[4], 1]),  # the same bytes, the same sha256
+    "draft-kv-alone": lambda h: h.update(draft_tokens=None),
+    "draft-tokens-alone": lambda h: h["arrays"].pop("draft_kv"),
+    "nested": None,
+}
+
+
+@pytest.mark.parametrize("case", list(PREFIX_DAMAGE))
+def test_a_prefix_file_whose_arrays_do_not_fit_is_refused_before_anything_is_restored(plain, tmp_path, case):
+    """Header values beyond numbers (Infinity, NaN, 2^124 elements), a header nested 100,000 deep, arrays whose
+    shape differs but whose bytes (and sha256) do not, draft K/V without their tokens: each is the project's one
+    error, before the engines or the prompt cache change; the pipeline answers as before."""
+    path = plain.save_prefix(tmp_path / "a.prefix", DOC_A)
+    raw = b'{"format": 1, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}" if case == "nested" else None
+    bad = rewrite_header(path, tmp_path / f"{case}.prefix", PREFIX_DAMAGE[case], raw)
+    want = plain.generate(DOC_B, max_new_tokens=8, reuse=False).token_ids
+    stored = plain.engines.prompt_cache.snapshots()
+    with pytest.raises(SpecdecError, match="save it again with Pipeline.save_prefix") as e:
+        plain.load_prefix(bad)
+    assert str(bad) in str(e.value)
+    assert plain.engines.prompt_cache.snapshots() == stored
+    assert plain.generate(DOC_B, max_new_tokens=8).token_ids == want
+
+
+def test_a_prefix_file_with_features_of_another_shape_never_reaches_eagle(heads_bundle, tmp_path):
+    """EAGLE's features of the right bytes in the wrong shape, loaded through a plain pipeline (which restores no
+    features, but stores them for the methods that read them), are refused at load: the prompt cache never holds
+    them, and EAGLE on that prefix gives plain decoding's tokens."""
+    plain = Pipeline.load(heads_bundle, method="plain", threads=1)
+    eagle = plain.with_method("eagle")
+    path = eagle.save_prefix(tmp_path / "doc.prefix", DOC_A)
+    bad = rewrite_header(path, tmp_path / "wide.prefix", _reshape("features", lambda s: [s[0] * 2, s[1] // 2]))
+    with pytest.raises(SpecdecError, match="features is .* these engines need"):
+        plain.load_prefix(bad)
+    assert not eagle.engines.prompt_cache.snapshots()
+    want = eagle.with_method("plain").generate(DOC_A + " And?", max_new_tokens=12, reuse=False).token_ids
+    assert eagle.generate(DOC_A + " And?", max_new_tokens=12).token_ids == want
+    assert eagle.load_prefix(path) > 0 and eagle.generate(DOC_A + " And?", max_new_tokens=12).token_ids == want
+
+
+def test_prefix_files_work_without_a_prompt_cache_and_say_what_is_missing_by_hand(tiny_bundle, tmp_path):
+    """prompt_cache_mb=0 keeps no snapshots, but prefix files still save and load (into the live engines); engines
+    built by hand without the bundle's digest are told exactly that, and how to give it."""
+    from specdec_edge.api.engines import Engines
+    from specdec_edge.bundle.hashes import manifest_digest
+
+    first = Pipeline.load(tiny_bundle, method="plain", threads=1, prompt_cache_mb=0)
+    path = first.save_prefix(tmp_path / "doc.prefix", DOC_A)
+    want = first.generate(DOC_A + " And?", max_new_tokens=8, reuse=False).token_ids
+    second = Pipeline.load(tiny_bundle, method="draft", threads=1, prompt_cache_mb=0)
+    n = second.load_prefix(path)
+    got = second.generate(DOC_A + " And?", max_new_tokens=8)
+    assert got.token_ids == want and got.stats.reused_tokens == n > 0 and second.engines.prompt_cache is None
+    by_hand = Pipeline(first.tokenizer, Engines(first.target, verdict=first.verdict), "plain")
+    for call in (lambda: by_hand.save_prefix(tmp_path / "x.prefix", DOC_A), lambda: by_hand.load_prefix(path)):
+        with pytest.raises(SpecdecError, match=r"built by hand \(Engines\(...\)\) without one: pass digest=") as e:
+            call()
+        assert "opened by hand" not in str(e.value)
+    keyed = Pipeline(first.tokenizer, Engines(first.target, verdict=first.verdict, digest=manifest_digest(tiny_bundle)),
+                     "plain")  # fmt: skip
+    assert keyed.load_prefix(path) == n

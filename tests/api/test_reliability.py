@@ -283,3 +283,64 @@ def test_reports_are_written_whole_or_not_at_all(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         write_atomic(path, write=broken)
     assert path.read_text() == '{"old": 1}' and [p.name for p in tmp_path.iterdir()] == ["b.json"]
+
+
+def guard_caches(pipe) -> list[str]:
+    """Make every call that reads or writes the target's or the draft's cache check that this thread holds the
+    engines' lease (as a step does); returns the list it fills with the calls that did not."""
+    lease, outside = pipe.engines.lease, []
+
+    def checked(call, name):
+        def check(*args, **kw):
+            if not (lease.running and lease.holder_thread == threading.get_ident()):
+                outside.append(name)
+            return call(*args, **kw)
+
+        return check
+
+    for engine in (pipe.target, pipe.draft):
+        for name in ("run", "commit", "rollback", "reset", "restore"):
+            setattr(engine, name, checked(getattr(engine, name), f"{type(engine).__name__}.{name}"))
+    return outside
+
+
+def test_measuring_step_costs_mid_stream_leaves_the_stream_exact(tiny_bundle, tmp_path, monkeypatch):
+    """auto is built while a stream is half read, in the same thread and in another, where its step costs are not
+    cached (a fresh cache root each time, as on first use or with a read-only cache): the measurement takes the
+    engines' lease like any step, so the streams go on from their own context and give plain decoding's tokens.
+    Every use of the caches, measuring, saving and loading a prefix included, happens under the lease."""
+    pipe = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    prompt = "Count: 1, 2, 3, 4,"
+    want = pipe.generate(prompt, max_new_tokens=40).text
+    outside = guard_caches(pipe)
+    fresh = iter(range(100))
+    monkeypatch.setattr("specdec_edge.api.step_costs.cache_dir", lambda: tmp_path / f"cache-{next(fresh)}")
+
+    stream = pipe.stream(prompt, max_new_tokens=40)
+    pieces = [next(stream) for _ in range(5)]
+    auto = pipe.with_method("auto")  # measures on the target and the draft, this thread holding the stream
+    assert "".join(pieces + list(stream)) == want
+
+    other, read = {}, threading.Event()
+
+    def slow_reader():
+        s = pipe.stream(prompt, max_new_tokens=40)
+        text = next(s)
+        read.set()
+        for piece in s:
+            text += piece
+            time.sleep(LEASE_S * 1.5)  # the lease runs out between pieces: the measurement may take the engines
+        other["text"] = text
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    assert read.wait(60)
+    auto = within(120, pipe.with_method, "auto")
+    reader.join(120)
+    assert other["text"] == want and auto.generate(prompt, max_new_tokens=40).text == want
+
+    stream = pipe.stream(prompt, max_new_tokens=40)
+    pieces = [next(stream) for _ in range(5)]
+    pipe.load_prefix(pipe.save_prefix(tmp_path / "prefix.kv", "Another prompt, saved and loaded mid-stream"))
+    assert "".join(pieces + list(stream)) == want
+    assert outside == [], sorted(set(outside))

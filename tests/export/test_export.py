@@ -249,3 +249,43 @@ def test_default_method_is_recorded_and_checked(tiny_llama_dir, tmp_path):
     assert read_manifest(out).default_method == "pld" and Pipeline.load(out, threads=1).method == "pld"
     with pytest.raises(ExportError, match="--default-method 'eagle' cannot run on this bundle; choose one of plain"):
         export_bundle(str(tiny_llama_dir), tmp_path / "e", default_method="eagle", capacity=64, progress=False)
+
+
+# Sliding windows below the capacity (12 keys of 64), as each model type's transformers attention applies them:
+# Mistral on every layer, Qwen2 on the layers past max_window_layers; Llama has none (the value is ignored there).
+WINDOWS = [  # (kind, config, the window that applies)
+    ("mistral", {"sliding_window": 12}, 12),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 1}, 12),
+    ("llama", {"sliding_window": 12}, None),
+    ("mistral", {"sliding_window": 4096}, None),  # beyond the capacity: no key is ever that far back
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "window", "applies"), WINDOWS, ids=[f"{k}-{c['sliding_window']}" for k, c, _ in WINDOWS]
+)
+def test_sliding_windows_match_transformers_past_the_window(tmp_path, kind, window, applies):
+    """Every logit of a 40-token prompt, computed by the exported graph, equals transformers' (the window masks the
+    same keys), and the export's validation ran past the window."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec_edge.runtime.ort_engine import OrtEngine
+
+    model_dir = make_model(tmp_path / kind, kind, layers=2, seed=4, **window)
+    out = export_bundle(str(model_dir), tmp_path / "b", capacity=64, progress=False)
+    m = read_manifest(out)
+    assert m.target.validation["prefix_tokens"] == (applies or 9)  # the S=1, S=5 and tree passes past the window
+    ids = np.random.default_rng(0).integers(3, 300, 40)
+    got = OrtEngine(out / m.target.graph.path, m.target.graph).run(ids).logits
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = hf(torch.as_tensor(ids[None])).logits[0].numpy()
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 1e-4, f"{kind} {window}: the graph differs from transformers by {err:.3g} past the window"
+
+
+def test_every_model_type_says_how_it_applies_a_window():
+    from specdec_edge.export.arch import WINDOW_RULES, supported_model_types
+
+    assert set(WINDOW_RULES) == set(supported_model_types())

@@ -445,3 +445,108 @@ def test_add_heads_to_a_quantized_bundle_works_like_exporting_with_them(tmp_path
     plain = Pipeline.load(out, method="plain", threads=1)
     for method in ("eagle", "pld-eagle"):
         assert_greedy_equals_plain(plain, plain.with_method(method))
+
+
+def damage(path: Path) -> None:
+    """Flip one byte in the middle of ``path``, keeping its size (the fast load check reads sizes only)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("rel", ["target/model.onnx.data", "target/model.onnx", "tokenizer.json"])
+def test_add_heads_refuses_a_damaged_bundle(tmp_path, trained, rel):
+    """A source file that no longer matches its manifest (the weights, the graph, the tokenizer) stops add_heads with
+    one error naming it, even where the hash record vouched for the file before; no bundle is written."""
+    from specdec_edge.bundle.hashes import verify_bundle
+    from specdec_edge.errors import BundleError
+    from specdec_edge.export.head_export import add_heads
+
+    source = tmp_path / "source"
+    shutil.copytree(trained / "target-bundle", source)
+    assert verify_bundle(source) == []  # the hash record now vouches for every file
+    damage(source / rel)
+    with pytest.raises(BundleError, match=f"damaged: {rel} do not match") as e:
+        add_heads(source, [trained / "medusa"], tmp_path / "out")
+    assert "specdec-edge verify" in str(e.value)
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["source"]
+
+
+def test_build_engines_refuses_a_damaged_graph(tmp_path, portable_bundle):
+    """TensorRT engines are built from graphs hashed first: an engine of damaged bytes is never recorded (the check
+    comes before TensorRT is imported, so it runs here without it)."""
+    from specdec_edge.errors import BundleError
+    from specdec_edge.export.build_engines import build_engines
+
+    source = tmp_path / "portable"
+    shutil.copytree(portable_bundle, source)
+    damage(source / "target/model.onnx.data")
+    with pytest.raises(BundleError, match="damaged: target/model.onnx.data"):
+        build_engines(source, backends=("trt",), echo=lambda *a: None)
+
+
+def _edit_config(**changes):
+    return lambda cfg, tensors: cfg.update(changes)
+
+
+def _edit_tensor(name, edit):
+    return lambda cfg, tensors: tensors.__setitem__(name, edit(tensors[name]))
+
+
+def _nan(v):
+    v = v.copy()
+    v.flat[0] = np.nan
+    return v
+
+
+DAMAGED_HEADS = {  # id: (trained folder, edit(config dict, tensors dict), what the error says)
+    "missing-tensor": ("eagle", lambda cfg, t: t.pop("fc.weight"), "missing fc.weight"),
+    "changed-size": ("eagle", _edit_config(intermediate_size=256), "is [192, 64], its config makes [256, 64]"),
+    "relabelled-as-medusa": ("eagle", _edit_config(method="medusa", medusa_heads=3), "missing bias, weight"),
+    "relabelled-as-eagle": ("medusa", _edit_config(method="eagle"), "num_heads=0, but the method eagle needs"),
+    "relabelled-as-eagle3": ("eagle", _edit_config(method="eagle3"), "feature_layers=[] does not fit"),
+    "huge-size": ("eagle", _edit_config(intermediate_size=10**12), "intermediate_size=1000000000000 is not"),
+    "huge-medusa": ("medusa", _edit_config(medusa_heads=10**9), "medusa_heads=1000000000 is not"),
+    "string-size": ("eagle", _edit_config(hidden_size="64"), "hidden_size='64' is not"),
+    "draft-vocab": ("eagle", _edit_config(draft_vocab=10**5), "draft_vocab=100000 is more than"),
+    "vocab-id-range": ("eagle", _edit_tensor("vocab_ids", lambda v: v + 10**6), "vocab_ids are not distinct"),
+    "vocab-id-count": ("medusa", _edit_tensor("vocab_ids", lambda v: v[:-1]), "vocab_ids is not 200 integers"),
+    "nan-weight": ("eagle", _edit_tensor("fc.weight", _nan), "fc.weight is not finite"),
+    "wrong-shape": ("medusa", _edit_tensor("weight", lambda v: v[:, :-1]), "weight is [4, 63, 64]"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_HEADS))
+def test_damaged_heads_folders_are_refused_with_one_error(tmp_path, tiny_llama_dir, trained, case):
+    """`export --heads` reads a heads folder strictly, before the slow export: each damage (a tensor missing, sizes
+    changed, the method relabelled, huge or mistyped sizes, draft ids out of range, NaN weights) is one ExportError
+    naming the folder and what to do, never random heads "validated" against themselves or a traceback."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from specdec_edge.errors import ExportError
+    from specdec_edge.export.exporter import export_bundle
+
+    source, edit, says = DAMAGED_HEADS[case]
+    folder = tmp_path / f"{source}-{case}"
+    shutil.copytree(trained / source, folder)
+    cfg, tensors = json.loads((folder / "config.json").read_text()), load_file(str(folder / "weights.safetensors"))
+    edit(cfg, tensors)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(folder / "weights.safetensors"))
+    with pytest.raises(ExportError) as e:
+        export_bundle(str(tiny_llama_dir), tmp_path / "out", capacity=64, heads=(folder,), progress=False)
+    assert str(folder) in str(e.value) and says in str(e.value) and "train-draft" in str(e.value), str(e.value)
+
+
+def test_a_truncated_heads_weights_file_is_refused(tmp_path, tiny_llama_dir, trained):
+    from specdec_edge.errors import ExportError
+    from specdec_edge.export.exporter import export_bundle
+
+    folder = tmp_path / "eagle"
+    shutil.copytree(trained / "eagle", folder)
+    data = (folder / "weights.safetensors").read_bytes()
+    (folder / "weights.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ExportError, match="unreadable weights file"):
+        export_bundle(str(tiny_llama_dir), tmp_path / "out", capacity=64, heads=(folder,), progress=False)

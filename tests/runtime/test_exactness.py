@@ -139,7 +139,7 @@ def test_quantized_targets_take_chains_and_refuse_branching_trees(tiny_bundle):
     target = replace(plain.target.graph, dtype="int4")
     plain.target.graph = target
     try:
-        engines = Engines(plain.target, verdict=chains, step_costs=plain.engines.step_costs)
+        engines = Engines(plain.target, verdict=chains, step_costs=lambda e, p, hold: plain.engines.step_costs(e, p))
         assert Pipeline(plain.tokenizer, engines, "pld").proposer.branches is False
         with pytest.raises(SpecdecError, match="proposes token trees.*only chain-shaped proposals.*topk=1"):
             Pipeline(plain.tokenizer, engines, "lookahead")
@@ -450,3 +450,37 @@ def test_rows_shared_between_widths_are_keyed_by_the_kv_they_follow(tiny_bundle)
     assert plain_rows_computed(OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))) == (3, True)
     # width 3 wrote other K/V for its row 0: its row 1 is computed again, and then differs
     assert plain_rows_computed(KvByWidthEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))) == (4, False)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda v: v.update(min_pass_width=1),
+        lambda v: v.update(max_width=64, batch_invariant=True, tree_invariant=True),
+        lambda v: v["details"].update(boundaries=[7, 300]),
+        lambda v: v["details"].update(bad_residues={"2": [1, 5]}),
+        lambda v: v["device"].update(threads=99),
+    ],
+    ids=["width", "flags", "boundaries", "residues", "device"],
+)
+def test_an_edited_cached_verdict_is_measured_again(tiny_bundle, edit):
+    """A cached verdict carries a checksum over itself, the bundle digest and the device: a file edited by accident
+    (still valid JSON, a plausible verdict) is not trusted: measured again, said so, rewritten whole, and `info`
+    does not list it meanwhile."""
+    from specdec_edge.runtime.verdicts import bundle_digest, verdict_path
+
+    graph = read_manifest(tiny_bundle).target.graph
+    recorded = _other_device(recorded_verdict(graph))
+    engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
+    here = recorded_verdict(graph).device
+    first = device_verdict(tiny_bundle, recorded, graph.path, engine, here)
+    path = verdict_path(bundle_digest(tiny_bundle), graph.path, here)
+    data = json.loads(path.read_text())
+    edit(data["verdict"])
+    path.write_text(json.dumps(data))
+    assert not any(v["device"] == here for v in cached_verdicts(tiny_bundle))
+    lines = []
+    again = device_verdict(tiny_bundle, recorded, graph.path, engine, here, progress=lines.append)
+    assert len(lines) == 2 and "damaged or edited" in lines[0], lines
+    assert replace(again, details={}) == replace(first, details={})
+    assert any(v["device"] == here for v in cached_verdicts(tiny_bundle))  # rewritten whole

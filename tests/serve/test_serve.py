@@ -5,8 +5,11 @@ stop strings and seeds; disconnects cancel; a full queue answers 429; timeouts; 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
+import re
+import resource
 import socket
 import subprocess
 import sys
@@ -38,7 +41,8 @@ def free_port() -> int:
 class Served:
     """A `specdec-edge serve` process and how to reach it."""
 
-    def __init__(self, bundle: Path, log: Path, *args: str):
+    def __init__(self, bundle: Path, log: Path, *args: str, files: tuple[int, int] | None = None):
+        """``files``: the (soft, hard) limit of open files the server starts with."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = bundle.name
@@ -46,7 +50,8 @@ class Served:
         command = [sys.executable, "-c", "from specdec_edge.cli import main; main()", "serve", str(bundle)]
         command += ["--port", str(self.port), "--threads", "1", *args]
         with open(log, "w") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, files)) if files else None
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=limit)
         self.http = httpx.Client(base_url=self.url, timeout=60)  # one client: each new one costs ~0.1 s here
         deadline = time.monotonic() + 120
         while True:
@@ -540,5 +545,207 @@ def test_each_api_key_has_its_own_history(tiny_bundle, tmp_path):
         assert from_b_own > 10
         assert first == again == b_first == b_again
         assert "for each of the 2 API keys" in server.log.read_text()
+    finally:
+        server.stop()
+
+
+def raw_request(port: int, data: bytes) -> socket.socket:
+    """A connection that has sent ``data`` (part of a request) and waits."""
+    raw = socket.create_connection(("127.0.0.1", port))
+    raw.sendall(data)
+    return raw
+
+
+def closed_within(raw: socket.socket, seconds: float) -> tuple[bytes, float]:
+    """What the server sent before closing ``raw`` and when it closed (seconds from now); fails past ``seconds``."""
+    started, got = time.monotonic(), b""
+    raw.settimeout(seconds)
+    try:
+        while chunk := raw.recv(65536):
+            got += chunk
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open over {seconds} s (it sent {got[:200]!r})")
+    except ConnectionResetError:
+        pass
+    raw.close()
+    return got, time.monotonic() - started
+
+
+def test_requests_that_never_arrive_are_cut_at_their_deadlines(slow):
+    """--timeout 3: a connection that sends nothing, one whose headers never end, one whose body never ends: each is
+    closed within the deadline (the last two told why: 408), and the server answers on."""
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n".encode()
+    silent = raw_request(slow.port, b"")
+    half_header = raw_request(slow.port, head)
+    half_body = raw_request(slow.port, head + b"Content-Length: 1000\r\n\r\n" + b'{"model": "x", "prompt"')
+    for raw, answer in ((silent, b""), (half_header, b"408"), (half_body, b"408")):
+        got, seconds = closed_within(raw, 6)
+        assert answer in got[:12] and seconds < 4.5, (got[:300], seconds)
+    assert b"body did not arrive" in got
+    r = slow.post("/v1/completions", {"model": slow.model, "prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_the_timeout_counts_from_the_first_byte(slow):
+    """Headers sent slowly over 2 s, then a request that would generate for long: the 504 comes 3 s (--timeout) after
+    the request's first byte, not 3 s after its headers."""
+    body = json.dumps({"model": slow.model, "prompt": "The quick brown fox", "max_tokens": LONG, "temperature": 0})
+    raw = raw_request(slow.port, b"POST /v1/completions HTTP/1.1\r\n")
+    started = time.monotonic()
+    time.sleep(2)
+    raw.sendall(f"Host: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+    raw.settimeout(10)
+    got = raw.recv(65536)
+    seconds = time.monotonic() - started
+    raw.close()
+    assert got.startswith(b"HTTP/1.1 504") and seconds < 4.5, (got[:200], seconds)
+    slow.wait_idle()
+
+
+def test_hundreds_of_idle_connections_leave_the_server_answering(tiny_bundle, tmp_path):
+    """A server started with 160 open files (hard limit 320) raises the limit to 320 and keeps its connections below
+    it: 600 idle connections never exhaust the descriptors (the oldest waiting ones give way), /health answers
+    throughout, and asyncio's accept error is not logged at all."""
+    log = tmp_path / "idle.log"
+    server = Served(Path(tiny_bundle), log, "--method", "plain", files=(160, 320))
+    idle = []
+    try:
+        limits = Path(f"/proc/{server.proc.pid}/limits").read_text()
+        assert re.search(r"Max open files\s+320\s+320", limits), limits
+        process = psutil.Process(server.proc.pid)
+        assert "Connections: at most " in log.read_text() and "open-files limit leaves fewer" in log.read_text()
+        for i in range(600):
+            idle.append(raw_request(server.port, b"" if i % 2 else b"GET /health HTTP/1.1\r\n"))
+            if i % 100 == 99:
+                assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+        assert process.num_fds() < 320 - 32, process.num_fds()
+        assert (
+            server.post("/v1/completions", {"model": server.model, "prompt": "Hi", "max_tokens": 2}).status_code == 200
+        )
+    finally:
+        for raw in idle:
+            raw.close()
+        server.stop()
+    assert "out of system resource" not in log.read_text()
+
+
+def test_accept_errors_are_logged_once_a_minute():
+    """Should accept still run out of descriptors (another process's share, say), asyncio's error on every try is
+    let through once a minute, other records always."""
+    import logging
+
+    from specdec_edge.serve.connections import OncePerMinute
+
+    quiet = OncePerMinute()
+    record = lambda msg: logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)  # noqa: E731
+    passed = [quiet.filter(record("socket.accept() out of system resource")) for _ in range(1000)]
+    assert passed.count(True) == 1 and all(quiet.filter(record("another error")) for _ in range(3))
+
+
+# Fields of the OpenAI, vLLM, llama.cpp and Ollama APIs with a value that would change the answer: each is refused
+# with a 400 naming it (never a 200 as if it were absent).
+CHANGING = {
+    "n": 2, "best_of": 3, "logprobs": True, "top_logprobs": 3, "echo": True, "suffix": "end", "frequency_penalty": 0.5,
+    "presence_penalty": 0.5, "logit_bias": {"5": 10}, "tools": [{"type": "function", "function": {"name": "f"}}],
+    "functions": [{"name": "f"}], "tool_choice": "required", "function_call": {"name": "f"},
+    "response_format": {"type": "json_object"}, "modalities": ["text", "audio"], "audio": {"voice": "alloy"},
+    "reasoning_effort": "high", "verbosity": "low", "web_search_options": {},
+    "repetition_penalty": 1.2, "length_penalty": 0.5, "min_p": 0.1, "min_tokens": 5, "ignore_eos": True,
+    "stop_token_ids": [5], "bad_words": ["fox"], "allowed_token_ids": [1, 2], "include_stop_str_in_output": True,
+    "skip_special_tokens": False, "spaces_between_special_tokens": False, "use_beam_search": True,
+    "prompt_logprobs": 1, "truncate_prompt_tokens": 3, "guided_json": {"type": "object"}, "guided_regex": "a+",
+    "guided_choice": ["a", "b"], "guided_grammar": "root ::= 'a'", "guided_decoding_backend": "xgrammar",
+    "guided_whitespace_pattern": " ", "structured_outputs": {"choice": ["a"]}, "add_generation_prompt": False,
+    "continue_final_message": True, "add_special_tokens": True, "chat_template": "{{ messages }}",
+    "chat_template_kwargs": {"enable_thinking": True}, "documents": [{"text": "x"}], "logits_processors": ["x"],
+    "return_tokens_as_token_ids": True,
+    "n_predict": 5, "typical_p": 0.5, "repeat_penalty": 1.3, "repeat_last_n": 32, "dynatemp_range": 0.5,
+    "dynatemp_exponent": 2, "mirostat": 2, "mirostat_tau": 5, "mirostat_eta": 0.1, "dry_multiplier": 0.8,
+    "xtc_probability": 0.5, "grammar": 'root ::= "a"', "json_schema": {"type": "object"}, "n_probs": 3,
+    "min_keep": 2, "n_keep": 4, "samplers": ["top_k"], "post_sampling_probs": True, "return_tokens": True,
+    "lora": [{"id": 0, "scale": 1}], "image_data": [{"data": "x", "id": 1}],
+    "num_predict": 5, "num_ctx": 128, "tfs_z": 0.5, "format": "json", "options": {"temperature": 0},
+    "think": True, "raw": True, "template": "{{ .Prompt }}", "system": "be brief", "context": [1, 2],
+    "frobnicate": 1, "temperature_typo": 0.2,  # unknown: refused too
+}  # fmt: skip
+# ... and at the value that means "off" (what clients send by default) or with no effect on the text: answered.
+HARMLESS = {
+    "n": 1, "logprobs": False, "top_logprobs": 0, "echo": False, "frequency_penalty": 0, "presence_penalty": 0.0,
+    "logit_bias": {}, "tools": [], "tool_choice": "auto", "response_format": {"type": "text"}, "modalities": ["text"],
+    "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
+    "typical_p": 1.0, "repeat_penalty": 1, "grammar": "", "skip_special_tokens": True, "audio": None,
+    "user": "u-1", "metadata": {"a": "b"}, "store": False, "service_tier": "auto", "safety_identifier": "s",
+    "prompt_cache_key": "k", "prediction": {"type": "content", "content": "x"}, "parallel_tool_calls": True,
+    "request_id": "r", "priority": 0, "cache_salt": "s", "cache_prompt": True, "id_slot": -1,
+    "timings_per_token": False, "t_max_prompt_ms": 100, "keep_alive": "5m",
+}  # fmt: skip
+
+
+def test_every_known_field_is_used_refused_or_harmless(served):
+    """Each field of the four APIs, with a value that would change the answer, gets a 400 naming it; at its "off"
+    value, or a field that cannot change the text, the request is answered. The server's lists hold nothing this
+    test does not send."""
+    from specdec_edge.serve.parameters import IMPLEMENTED, NO_EFFECT, OFF_VALUES
+
+    assert set(OFF_VALUES) | NO_EFFECT <= set(CHANGING) | set(HARMLESS), "a field the server lists is not tested"
+    base = {"model": served.model, "messages": chat("hi"), "max_tokens": 1, "temperature": 0}
+    for name, value in CHANGING.items():
+        r = served.post("/v1/chat/completions", {**base, name: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, (name, r.text)
+    for name, value in HARMLESS.items():
+        r = served.post("/v1/chat/completions", {**base, name: value})
+        assert r.status_code == 200, (name, r.text)
+    assert not IMPLEMENTED & (set(CHANGING) | set(HARMLESS))
+    fields = {"name": "bob", "tool_calls": [{"id": "x"}], "tool_call_id": "t"}
+    for name, value in fields.items():
+        r = served.post("/v1/chat/completions", {**base, "messages": [{**chat("hi")[0], name: value}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == f"messages[0].{name}", (name, r.text)
+    # an assistant message as the official client returns it (model_dump) goes back in unchanged
+    back = {"role": "assistant", "content": "x", "refusal": None, "annotations": [], "tool_calls": None}
+    assert served.post("/v1/chat/completions", {**base, "messages": [*chat("hi"), back, *chat("more")]}).is_success
+    r = served.post("/v1/completions", {"model": served.model, "prompt": "hi", "max_tokens": 1, "stream": True,
+                                        "stream_options": {"continuous_usage_stats": True}})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
+def test_no_key_learns_about_another_keys_prompt(tiny_bundle, tmp_path):
+    """Key A sends a prompt with a secret; key B sends guesses at it. B's answers report no reuse of A's context
+    (on the live cache or from the prompt cache), B's /metrics count B's own tokens only, and A's repeat still
+    reuses its own context (restored after B's calls)."""
+    other = "second-key-456"
+    server = Served(Path(tiny_bundle), tmp_path / "two-keys.log", "--method", "plain", "--api-key", KEY,
+                    "--api-key", other)  # fmt: skip
+    try:
+        doc = "The quick brown fox jumps over the lazy dog. " * 6
+
+        def ask_as(key, prompt):
+            body = {"model": server.model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            r = server.post("/v1/completions", body, key=key)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        def metrics_of(key):  # each metric's samples summed over their labels
+            text = server.http.get("/metrics", headers={"Authorization": f"Bearer {key}"}).text
+            out = collections.Counter()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    out[sample.name] += sample.value
+            return out
+
+        secret = ask_as(KEY, doc + "The PIN is 4821.")
+        guesses = [ask_as(other, doc + f"The PIN is {d}") for d in range(10)]
+        reused = [g["specdec_edge"]["reused_prompt_tokens"] for g in guesses]
+        assert reused[0] == 0, "key B's first call reused key A's context"
+        assert len(set(reused[1:])) == 1, reused  # B's own earlier guess, the same for every digit
+        a, b = metrics_of(KEY), metrics_of(other)
+        a_tokens = secret["usage"]["prompt_tokens"]
+        assert a["specdec_prompt_tokens_total"] == a_tokens and a["specdec_reused_prompt_tokens_total"] == 0
+        assert a["specdec_generations_total"] == 1 and b["specdec_generations_total"] == 10
+        assert b["specdec_prompt_tokens_total"] == sum(g["usage"]["prompt_tokens"] for g in guesses)
+        assert b["specdec_reused_prompt_tokens_total"] == sum(reused)
+        assert "specdec_requests_total" in b  # the server's own figures: for every key
+        again = ask_as(KEY, doc + "The PIN is 4821.")
+        assert again["specdec_edge"]["reused_prompt_tokens"] == a_tokens - 1  # its own, kept aside for it
+        assert again["choices"][0]["text"] == secret["choices"][0]["text"]
     finally:
         server.stop()

@@ -276,3 +276,31 @@ def test_a_small_store_keeps_its_limit_through_the_pipeline(tiny_bundle):
         assert pipe.history.evicted > 0
     finally:
         pipe.close()
+
+
+def test_history_larger_than_the_memory_available_is_refused_in_one_line(tiny_bundle, tmp_path):
+    """A history store is taken from memory when it is first used, and a size (times the API keys, for the server)
+    beyond the memory available now is refused before anything is allocated, with one line naming the fix; the
+    API's keyword too, where a single store can exceed it here."""
+    import math
+    import subprocess
+    import sys
+
+    from specdec_edge.runtime.base import available_memory
+    from specdec_edge.speculative.history import MAX_HISTORY_MB
+
+    pipe = Pipeline.load(tiny_bundle, method="history", threads=1, history_mb=64)
+    assert pipe.history.nbytes == 0  # nothing taken before a call adds to it
+    pipe.generate("The quick brown fox", max_new_tokens=4)
+    assert 0 < pipe.history.nbytes <= 64 << 20
+    pipe.close()
+    available_mb = available_memory() / 2**20
+    keys = math.ceil(available_mb / 4096) + 1  # 4 GiB for each key: more than the machine has, together
+    command = [sys.executable, "-c", "from specdec_edge.cli import main; main()", "serve", str(tiny_bundle),
+               "--history-mb", "4096", *[a for i in range(keys) for a in ("--api-key", f"key-{i}")]]  # fmt: skip
+    res = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert f"--history-mb 4096 MiB for each of {keys} API keys needs" in res.stderr and "--no-history" in res.stderr
+    if available_mb < MAX_HISTORY_MB:
+        with pytest.raises(SpecdecError, match=r"history_mb 65536 MiB needs 64.0 GiB .* give a smaller history_mb"):
+            Pipeline.load(tiny_bundle, method="plain", history_mb=MAX_HISTORY_MB)
