@@ -345,7 +345,10 @@ def corpus(folder, bundle, goal, max_minutes, threads, seed, per_shard, show_rep
         found = corpora.Corpus.read(folder)
         if table:
             made = corpora.ngram_table(found, min_count)
-            click.echo(f"Wrote an n-gram table of {made.entries} contexts to {corpora.save_table(made, table)}")
+            click.echo(
+                f"Wrote an n-gram table of {made.entries} contexts from {len(found.shards)} shards "
+                f"({found.answer_tokens} answer tokens, min count {min_count}) to {corpora.save_table(made, table)}"
+            )
         if show_report:
             click.echo(json.dumps(corpora.report(found), indent=1))
         return

@@ -387,13 +387,14 @@ def report(corpus: Corpus) -> dict:
     }
 
 
-def ngram_table(corpus: Corpus, min_count: int = 2, every: int = 50):
-    """The n-gram table (``speculative/table.py``) of the corpus's training answers (held-out ones left out)."""
+def ngram_table(corpus: Corpus, min_count: int = 2, every: int = 50, shards: int | None = None):
+    """The n-gram table (``speculative/table.py``) of the corpus's training answers (held-out ones left out), of its
+    first ``shards`` shards (None: all)."""
     from specdec_edge.speculative.table import NgramTable
 
     answers = (
         ids[answer:]
-        for s in corpus.shards
+        for s in corpus.shards[:shards]
         for request, ids, answer in corpus.records(s)
         if not held_out(request, every)
     )

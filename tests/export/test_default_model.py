@@ -42,6 +42,7 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     manifest = default_bundle(export_if_missing=False) / "manifest.json"
     m = read_manifest(manifest.parent)
     assert m.target.graph.dtype == "gguf" and m.default_method is None and m.target.graph.batch_invariant
+    assert m.ngram_table == "ngram/table.npz"  # the shipped table, for auto
     stamp = manifest.stat().st_mtime_ns
     second = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "pld", "--prompt", "Hi there"])
     assert second.exit_code == 0, second.output
@@ -52,3 +53,22 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     third = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "lookahead"])
     assert third.exit_code == 2 and "proposes token trees" in third.output and "Traceback" not in third.output
     assert "Exporting" not in third.output and manifest.stat().st_mtime_ns == stamp  # refused, the bundle untouched
+
+
+def test_the_shipped_table_is_built_from_the_committed_corpus():
+    """data/ngram/README.md's recipe: the first 6 shards of the committed corpus give the shipped table."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from specdec_edge.export.corpus import Corpus, ngram_table
+    from specdec_edge.export.default_model import SHIPPED_TABLE
+    from specdec_edge.speculative.table import NgramTable
+
+    shards = int(next(w for w in (SHIPPED_TABLE.parent / "README.md").read_text().split("first ")[1].split()))
+    corpus = Corpus.read(Path(__file__).resolve().parents[2] / "corpus" / "smollm2-135m-instruct")
+    built, shipped = ngram_table(corpus, 2, shards=shards), NgramTable.load(SHIPPED_TABLE)
+    assert built.orders.keys() == shipped.orders.keys()
+    for n in built.orders:
+        for a, b in zip(built.orders[n], shipped.orders[n]):
+            np.testing.assert_array_equal(a, b)
