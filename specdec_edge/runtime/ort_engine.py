@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle import GraphSpec
 from specdec_edge.runtime.base import Engine, StepOutput, pad_step
-from specdec_edge.runtime.sessions import bind_host_outputs, check_contract, create_session
+from specdec_edge.runtime.sessions import attention_rows, bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
 
 
@@ -39,6 +39,7 @@ class OrtEngine(Engine):
         self.graph = graph
         self.session = create_session(model_path, cpu_session_options(cpu), provider)
         check_contract(self.session, graph, model_path)
+        self.attention_rows = attention_rows(self.session)
         spec = graph.cache
         # Passes narrower than this are padded (the export's verdict; runtime/verdicts.py applies the device's);
         # the slot a 2-row padding writes past the last real token is kept free.
