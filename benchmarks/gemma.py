@@ -10,7 +10,7 @@ Steps, each skipped when its output is already in ``--work`` (``--reexport`` red
 2. one export per ``--dtypes`` entry into ``--work/gemma-<dtype>``, each in a child process (one at a time:
    a 270M model with a 262k vocabulary needs several GB), with its wall time and peak RSS;
 3. bundle sizes;
-4. ``bench`` (``specdec_edge.bench.run_bench``) of ``--methods`` on the Spec-Bench prompts of the
+4. ``bench`` (``specdec_edge.bench.spec_bench.run_bench``) of ``--methods`` on the Spec-Bench prompts of the
    ``--bench-dtype`` bundle; a base model gets the turns as plain text (the report says so);
 5. verify cost over width on that bundle: one target pass of S tokens after a ``--past``-token cache, with
    logits for all S rows (a verify pass) and for the last row only (the difference is the LM head's cost
@@ -67,7 +67,7 @@ def export(gguf: Path, out: Path, dtype: str, again: bool) -> dict:
 
 
 def bundle_mb(bundle: Path) -> float:
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
 
     return sum(f["size"] for f in read_manifest(bundle).files.values()) / 1e6
 
@@ -77,7 +77,7 @@ def verify_cost(bundle: Path, widths: list[int], past: int, threads: int, repeat
     the last row only: the lowest over ``rounds`` rounds of each case's median of ``repeats`` passes run back to
     back (switching shapes every pass would add ONNX Runtime's re-planning to each; other load only adds time,
     so the lowest round is the cost)."""
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.runtime.ort_engine import OrtEngine
     from specdec_edge.runtime.threads import CpuThreads
 
@@ -145,8 +145,8 @@ def main() -> None:
 
     bundle = args.work / f"gemma-{args.bench_dtype}"
     if not args.skip_bench:
-        from specdec_edge.bench import bundle_metadata, load_prompts, run_bench, to_markdown
-        from specdec_edge.pipeline import Pipeline
+        from specdec_edge.api.pipeline import Pipeline
+        from specdec_edge.bench.spec_bench import bundle_metadata, load_prompts, run_bench, to_markdown
 
         pipe = Pipeline.load(bundle, method="plain", threads=args.threads, history=False)
         meta = {**bundle_metadata(bundle), "threads": args.threads, "n_per_category": args.n_per_category}

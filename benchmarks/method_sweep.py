@@ -21,7 +21,7 @@ import json
 from collections import Counter
 
 from specdec_edge import Pipeline
-from specdec_edge.bench import load_prompts
+from specdec_edge.bench.spec_bench import load_prompts
 
 
 def parse_config(text: str) -> tuple[str, str, int, dict]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 

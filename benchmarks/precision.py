@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.tokenizer import Tokenizer

@@ -103,7 +103,7 @@ def _ort_engine(bundle: Path, kind: str, options: dict, threads: int):
     """Our OrtEngine on the bundle's target graph, with the variant's provider and session options."""
     import onnxruntime as ort
 
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.runtime import ort_engine
     from specdec_edge.runtime.threads import CpuThreads
 
@@ -194,8 +194,8 @@ def worker(args) -> None:
 
 def long_prompts(bundle: Path, low: int, high: int) -> list[tuple[int, list[int]]]:
     """(question_id, chat-templated ids) of the Spec-Bench turn-1 prompts with low..high ids, in file order."""
-    from specdec_edge.bench import load_prompts
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bench.spec_bench import load_prompts
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_bundle(bundle, read_manifest(bundle).tokenizer)

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 import specdec_edge.runtime.ort_engine as ort_engine
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 

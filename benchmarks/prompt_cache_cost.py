@@ -6,7 +6,7 @@ import sys
 import time
 
 from specdec_edge import Pipeline
-from specdec_edge.bench import load_prompts
+from specdec_edge.bench.spec_bench import load_prompts
 
 bundle = sys.argv[1]
 pipe = Pipeline.load(bundle, method="plain", threads=2, prompt_cache_mb=512)

@@ -97,8 +97,8 @@ def main() -> None:
     }
 
     if args.compare:
+        from specdec_edge.api.pipeline import Pipeline
         from specdec_edge.export.draft_data import _answer, prepare_bundle
-        from specdec_edge.pipeline import Pipeline
 
         bundle = prepare_bundle(args.target, args.work, 2048, progress=True)
         sub = texts[: args.compare]

@@ -5,7 +5,7 @@ Usage:
   python benchmarks/session_peers.py --bundle /var/tmp/i26c/smol-gguf --bundle /var/tmp/i26c/smollm2-fp32-eagle \\
       --n-per-category 1 --max-new-tokens 96 --threads 2 --json s.json --md s.md --plot s.png
 
-Sessions and our rows are those of ``specdec-edge bench --sessions`` (``specdec_edge/sessions.py``: plain and
+Sessions and our rows are those of ``specdec-edge bench --sessions`` (``specdec_edge/bench/sessions.py``: plain and
 auto, each without reuse, with KV reuse, with reuse + history). The first bundle's plain decoding without reuse
 is our reference: it writes the conversation's answers, and every row of ours on every bundle then sends exactly
 those requests (``run_sessions(requests=...)``; the other bundles' rows are labelled ``<dtype>/<row>`` and each
@@ -41,10 +41,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec_edge.api.pipeline import Pipeline
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bench import bundle_metadata, versions
-from specdec_edge.pipeline import Pipeline
-from specdec_edge.sessions import (
+from specdec_edge.bench.sessions import (
     MODES,
     Session,
     Turn,
@@ -56,6 +55,7 @@ from specdec_edge.sessions import (
     sessions_markdown,
     summarize,
 )
+from specdec_edge.bench.spec_bench import bundle_metadata, versions
 
 try:
     from benchmarks.peers import Genai, common_prefix, genai_model, hf_folder, smollm2_gguf

@@ -16,7 +16,7 @@ calls run in between and the stream resumes. A few calls carry bad input on purp
   stream: what it got is a prefix of it);
 * resident memory grows less than ``--max-rss-growth`` from call ``--rss-from`` to the last call.
 
-``run_soak`` is the library form; tests/test_soak.py runs a short one on a tiny bundle.
+``run_soak`` is the library form; tests/api/test_soak.py runs a short one on a tiny bundle.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.bench import load_prompts
-from specdec_edge.generation import LEASE_S
+from specdec_edge.api.generation import LEASE_S
+from specdec_edge.bench.spec_bench import load_prompts
 from specdec_edge.speculative.methods import available_methods
 
 

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import measure

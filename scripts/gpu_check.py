@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from specdec_edge import Pipeline
-from specdec_edge.bench import load_prompts, run_bench, to_markdown
-from specdec_edge.bundle import read_manifest
-from specdec_edge.default_model import SHIPPED_HEADS
+from specdec_edge.bench.spec_bench import load_prompts, run_bench, to_markdown
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.export.default_model import SHIPPED_HEADS
 from specdec_edge.export.exporter import export_bundle
 from specdec_edge.export.sources import cache_limits
 from specdec_edge.runtime.base import GpuOptions

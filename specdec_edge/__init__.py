@@ -14,7 +14,7 @@ from specdec_edge.errors import SpecdecError
 
 def __getattr__(name):
     if name == "Pipeline":
-        from specdec_edge.pipeline import Pipeline
+        from specdec_edge.api.pipeline import Pipeline
 
         return Pipeline
     raise AttributeError(name)

@@ -1,5 +1,5 @@
 """The one hook through which the package reports work that takes a while: measuring this device's step costs
-(``step_costs.py``) or its exactness verdict (``runtime/verdicts.py``), seconds each, once per device.
+(``api/step_costs.py``) or its exactness verdict (``runtime/verdicts.py``), seconds each, once per device.
 
 A ``Progress`` takes one line. The Python API is silent unless it is given one
 (``Pipeline.load(progress=print)``); the commands pass ``to_stderr``. Light: the standard library only.

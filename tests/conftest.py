@@ -45,6 +45,14 @@ def tiny_self_bundle(tmp_path_factory, tiny_llama_dir):
 
 
 @pytest.fixture(scope="session")
+def chatty_dir(tmp_path_factory, tiny_llama_dir):
+    """The tiny model taught to write requests in its user turn and answer them (``tiny_models.chatty_model``)."""
+    from tests.tiny_models import chatty_model
+
+    return chatty_model(tmp_path_factory.mktemp("models") / "chatty", tiny_llama_dir)
+
+
+@pytest.fixture(scope="session")
 def base_gemma_dir(tmp_path_factory):
     """A tiny random Gemma 3 base model: tied embeddings, no chat template."""
     return make_model(tmp_path_factory.mktemp("models") / "base-gemma3", **BASE_GEMMA3)
@@ -119,7 +127,7 @@ def ort_fp16_bundle(tmp_path_factory, tiny_llama_dir):
 @pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory):
     """A text file of prompts, one a line, for training tiny heads."""
-    from tests.test_methods import many_prompts
+    from tests.speculative.test_methods import many_prompts
 
     path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
     path.write_text("\n".join(str(p) for p in many_prompts(12, seed=3) if isinstance(p, str)) + "\n")

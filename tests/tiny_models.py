@@ -125,3 +125,42 @@ TRAIN = dict(
     threads=1,
     progress=False,
 )
+
+
+# What ``chatty_model`` teaches the tiny model to write in its user turn (tests/conftest.py ``chatty_dir``).
+CHAT_REQUESTS = [
+    f"{verb} the {noun} in three sentences."
+    for verb in ("Summarize", "Explain", "Rewrite", "Describe")
+    for noun in ("article", "fox", "dog", "code", "text")
+]
+
+
+def chatty_model(folder, source):
+    """A copy of the tiny model at ``source`` taught (a few hundred steps) to write ``CHAT_REQUESTS`` in its user
+    turn and answer them: a chat model whose self-written requests are real sentences."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shutil.copytree(source, folder, dirs_exist_ok=True)
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    chats = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": r}, {"role": "assistant", "content": "The quick brown fox jumps."}],
+            tokenize=False,
+        )
+        for r in CHAT_REQUESTS
+    ]
+    batch = tok(chats, return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(300):
+        loss = model(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().save_pretrained(folder)
+    return folder

@@ -29,8 +29,10 @@ import tempfile
 from pathlib import Path
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import MANIFEST, GraphSpec, read_manifest, sha256_file
-from specdec_edge.bundle_write import check_writable, disk_errors
+from specdec_edge.bundle.hashes import sha256_file
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.schema import MANIFEST, GraphSpec
+from specdec_edge.bundle.write import check_writable, disk_errors
 from specdec_edge.errors import ExportError, SpecdecError
 from specdec_edge.runtime.base import MAX_VERIFY
 from specdec_edge.runtime.prebuilt import SIDECAR_FORMAT, engine_dir_name, gpu_info

@@ -115,8 +115,27 @@ class Corpus:
             )
         ids_path = path.with_suffix(".ids")
         if not ids_path.is_file() or hashlib.sha256(ids_path.read_bytes()).hexdigest() != shard.get("ids_sha256"):
-            raise ExportError(f"corpus shard {ids_path} is damaged (missing, or not the bytes its manifest records); {fix}.")
+            raise ExportError(f"corpus shard {ids_path} is damaged (missing, or not what its manifest records); {fix}.")
         return shard
+
+    def drop_unfinished(self) -> None:
+        """Delete ids whose manifest was never written (a shard interrupted while being written)."""
+        for stale in self.folder.glob("shard-*.ids"):
+            if not stale.with_suffix(".json").is_file():
+                stale.unlink()
+
+    @classmethod
+    def read(cls, folder: str | Path) -> Corpus:
+        """An existing corpus for reading, whatever wrote it (its shards must agree with each other)."""
+        first = Path(folder) / "shard-00000.json"
+        if not first.is_file():
+            raise ExportError(f"{folder} holds no corpus (no shard-00000.json); write one with `specdec-edge corpus`.")
+        try:
+            shard = json.loads(first.read_text(encoding="utf-8"))
+            identity, settings = shard["identity"], CorpusSettings(**shard["settings"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ExportError(f"corpus shard {first} is damaged ({e}); delete it or restore it.") from None
+        return cls(folder, identity, settings)
 
     @property
     def requests(self) -> list[str]:
@@ -155,12 +174,17 @@ class Corpus:
         self.shards.append(shard)
         return stem
 
-    def sequences(self, shards: list[dict] | None = None):
-        """Each record as (ids int64 [T], answer start): the whole sequence and where the answer begins."""
-        for shard in self.shards if shards is None else shards:
-            ids = np.fromfile(self.folder / f"shard-{shard['shard']:05d}.ids", dtype=shard["ids_dtype"])
-            for r in shard["records"]:
-                yield ids[r["start"] : r["end"]].astype(np.int64), r["answer"] - r["start"]
+    def records(self, shard: dict):
+        """A shard's records as (request, ids int64 [T], answer start): the whole sequence, where the answer begins."""
+        ids = np.fromfile(self.folder / f"shard-{shard['shard']:05d}.ids", dtype=shard["ids_dtype"])
+        for r in shard["records"]:
+            yield r["request"], ids[r["start"] : r["end"]].astype(np.int64), r["answer"] - r["start"]
+
+
+def held_out(request: str, every: int = 50) -> bool:
+    """Whether a request is kept apart from training (one in ``every``, by a hash of its text: the same on
+    every machine and for every later shard)."""
+    return int(hashlib.sha256(request.encode("utf-8")).hexdigest()[:8], 16) % every == 0
 
 
 def shard_seed(seed: int, index: int) -> int:
@@ -292,14 +316,16 @@ def write_shard(pipe, corpus: Corpus, filters: NearDuplicates) -> tuple[Path, Sh
 
 
 def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, answer_tokens_goal: int,
-         max_minutes: float | None = None, threads: int | None = None, log=print) -> Corpus:  # fmt: skip
+         max_minutes: float | None = None, max_shards: int | None = None, threads: int | None = None,
+         log=print) -> Corpus:  # fmt: skip
     """Append shards to the corpus in ``folder`` until it holds ``answer_tokens_goal`` answer tokens (or
-    ``max_minutes`` pass); a rerun continues after the last whole shard."""
-    from specdec_edge.bundle import read_manifest
-    from specdec_edge.pipeline import Pipeline
+    ``max_minutes`` pass, or ``max_shards`` more were written); a rerun continues after the last whole shard."""
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.bundle.manifest import read_manifest
 
     root = Path(bundle)
     corpus = Corpus(folder, model_identity(root, read_manifest(root)), settings)
+    corpus.drop_unfinished()
     filters = NearDuplicates()
     for text in corpus.requests:
         filters.add(text)
@@ -307,7 +333,10 @@ def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, an
         f"{corpus.answer_tokens} answer tokens; goal {answer_tokens_goal}")  # fmt: skip
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     with Pipeline.load(root, method=settings.method, threads=threads) as pipe:
+        last = None if max_shards is None else len(corpus.shards) + max_shards
         while corpus.answer_tokens < answer_tokens_goal and (deadline is None or time.monotonic() < deadline):
+            if last is not None and len(corpus.shards) >= last:
+                break
             stem, r = write_shard(pipe, corpus, filters)
             log(f"{stem.name}: {r.kept} requests ({r.sampled} sampled, dropped {dict(r.dropped)}), "
                 f"{r.answer_tokens} answer tokens in {r.seconds:.0f} s "
@@ -329,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-shard", type=int, default=CorpusSettings.per_shard)
     a = p.parse_args(argv)
     if a.bundle is None:
-        from specdec_edge.default_model import default_bundle
+        from specdec_edge.export.default_model import default_bundle
 
         a.bundle = default_bundle()
     settings = CorpusSettings(seed=a.seed, per_shard=a.per_shard)
@@ -344,3 +373,46 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+TOPICS = {  # keyword buckets for the report's topic spread (first match wins; the rest is "other")
+    "coding": ("code", "python", "javascript", "function", "program", "sql", "java", "script", "api", "algorithm"),
+    "math": ("calculate", "equation", "math", "solve", "number", "sum", "probability", "percent", "formula"),
+    "writing": ("write", "story", "poem", "essay", "letter", "article", "blog", "email", "rewrite", "summarize"),
+    "science": ("science", "physics", "chemistry", "biology", "energy", "climate", "planet", "cell", "atom"),
+    "health": ("health", "anxiety", "stress", "diet", "exercise", "sleep", "medical", "doctor", "mental"),
+    "business": ("business", "marketing", "company", "customer", "market", "finance", "money", "invest", "job"),
+    "history": ("history", "war", "ancient", "century", "empire", "culture", "art", "philosophy", "religion"),
+    "advice": ("how can i", "how do i", "tips", "advice", "help me", "should i", "recommend", "suggest"),
+    "explain": ("explain", "what is", "what are", "why", "describe", "difference"),
+}
+
+
+def topic(request: str) -> str:
+    text = request.lower()
+    words = set(_WORD.findall(text))
+    for name, keys in TOPICS.items():
+        if any((k in text) if " " in k else (k in words) for k in keys):
+            return name
+    return "other"
+
+
+def report(corpus: Corpus) -> dict:
+    """What the corpus holds: counts, the spread of request lengths and topics, answer lengths, who wrote it."""
+    requests = corpus.requests
+    words = [len(r.split()) for r in requests] or [0]
+    answers = [r["end"] - r["answer"] for s in corpus.shards for r in s["records"]] or [0]
+    finishes = Counter(r["finish"] for s in corpus.shards for r in s["records"])
+    return {
+        "shards": len(corpus.shards),
+        "requests": len(requests),
+        "distinct_requests": len({_key(r) for r in requests}),
+        "held_out_requests": sum(held_out(r) for r in requests),
+        "answer_tokens": corpus.answer_tokens,
+        "request_words_p10_p50_p90": [float(np.percentile(words, q)) for q in (10, 50, 90)],
+        "answer_tokens_p10_p50_p90": [float(np.percentile(answers, q)) for q in (10, 50, 90)],
+        "answers_ended_by_the_model": round(finishes.get("eos", 0) / max(len(requests), 1), 3),
+        "topics": dict(Counter(topic(r) for r in requests).most_common()),
+        "machines": dict(Counter(s["machine"]["cpu"] for s in corpus.shards)),
+        "seconds": round(sum(s["counts"]["seconds"] for s in corpus.shards)),
+    }

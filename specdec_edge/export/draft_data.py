@@ -34,7 +34,7 @@ SPEC_BENCH = "spec-bench"  # --prompts value naming the packaged Spec-Bench copy
 def prepare_bundle(target: str, out: Path, capacity: int | None, progress: bool, layers: bool = False) -> Path:
     """A bundle with hidden states (and feature layers if ``layers``): ``target`` itself if it is one, else an
     export into ``out`` (with both, so that every head method can train from it)."""
-    from specdec_edge.bundle import read_manifest
+    from specdec_edge.bundle.manifest import read_manifest
 
     if (Path(target) / "manifest.json").is_file():
         graph = read_manifest(target).target.graph
@@ -169,8 +169,8 @@ def generate_data(
     one prompt at a time."""
     from tqdm import tqdm
 
-    from specdec_edge.bundle import read_manifest
-    from specdec_edge.pipeline import Pipeline
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.bundle.manifest import read_manifest
     from specdec_edge.progress import to_stderr
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ The embedding is not stored: the engines take the target's, as for the reference
 weights are the heads folder's fp16 values, bit for bit. ``read_checkpoint`` reads such a folder back
 (ours, or one trained elsewhere in this layout) as heads-folder tensors, so ``export --heads`` takes it.
 No serving engine runs on this machine: the layout is checked against the reference names and shapes
-(tests/test_eagle3.py), not by loading it into vLLM.
+(tests/export/test_eagle3.py), not by loading it into vLLM.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def write_checkpoint(heads: str | Path, out: str | Path, force: bool = False) ->
     """Write the ``eagle3`` heads folder ``heads`` as a serving-engine checkpoint folder ``out``; returns it."""
     from safetensors.numpy import load_file
 
-    from specdec_edge.bundle_write import disk_errors, prepare_out_dir
+    from specdec_edge.bundle.write import disk_errors, prepare_out_dir
 
     out = Path(out).resolve()
     prepare_out_dir(out, force)  # an occupied or unwritable --out first

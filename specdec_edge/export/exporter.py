@@ -14,8 +14,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from specdec_edge import __version__
-from specdec_edge.bundle import SCHEMA_VERSION, CacheSpec, GraphSpec
-from specdec_edge.bundle_write import StagingDir, disk_errors, prepare_out_dir
+from specdec_edge.bundle.schema import SCHEMA_VERSION, CacheSpec, GraphSpec
+from specdec_edge.bundle.write import StagingDir, disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
 from specdec_edge.exactness import recorded_verdict, trees_exact
 from specdec_edge.runtime.base import physical_memory

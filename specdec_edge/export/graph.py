@@ -15,7 +15,7 @@ takes it as wide as the cache capacity (``GraphSpec.capacity_bias``): fixed-shap
 
 The residual stream (embeddings, each layer's sums, the norms over it) is fp32 in every graph, fp16 ones included:
 only the linear layers, attention and the MLP run in fp16 there. Gemma 3's stream outgrows fp16 (65,504): measured
-on Gemma-3-270M, past it at the ``<bos>`` token of real text (up to 1.0e5), then inf, then NaN (docs/PERFORMANCE.md,
+on Gemma-3-270M, past it at the ``<bos>`` token of real text (up to 1.0e5), then inf, then NaN (docs/lab/exactness.md,
 "Gemma-3 fp16").
 
 Layout: ``build_decoder`` runs the steps of a ``DecoderGraph`` (inputs, masks, embedding, layers, tied head,
@@ -574,7 +574,7 @@ def tied_weights(embed: np.ndarray, own: BlockQuantized | None, dtype: str):
     * a GGUF's own blocks (``own``, ``--dtype gguf``): the blocks; the embedding dequantizes the rows it
       gathers, the same values transformers dequantized, so the graph computes what it did with two tables.
     * int8 / int4: the head's quantized table; the embedding's rows then carry the head's rounding too
-      (before: exact fp32 rows). Greedy agreement with fp32 did not drop on SmolLM2 (docs/PERFORMANCE.md,
+      (before: exact fp32 rows). Greedy agreement with fp32 did not drop on SmolLM2 (docs/lab/export.md,
       "Tied embeddings stored once"), and the bundle loses the fp32 copy (113 MB there, 671 MB for Gemma 3).
     """
     if own is not None:

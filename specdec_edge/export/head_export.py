@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdec_edge.bundle import read_manifest
-from specdec_edge.bundle_write import StagingDir
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.write import StagingDir
 from specdec_edge.errors import ExportError
 from specdec_edge.exactness import recorded_verdict, trees_exact
 from specdec_edge.export.head_onnx import TOP_K

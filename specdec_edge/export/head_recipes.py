@@ -3,7 +3,7 @@
 A ``HeadRecipe`` says how a head is sized for a target, which torch module it is, how it is
 trained (loss, default epochs), how it becomes an ONNX graph (wrapper, input/output names,
 dynamic axes, validation inputs) and which tree settings a bundle records for it. Adding a head
-method means adding a recipe to ``RECIPES``; tests/test_heads.py exports and validates each one.
+method means adding a recipe to ``RECIPES``; tests/export/test_heads.py exports and validates each one.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _medusa_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, med
     return HeadConfig("medusa", hidden_size, vocab_size, draft_vocab, medusa_heads=medusa_heads)
 
 
-# The tree settings are the fastest measured for SmolLM2-135M on 2 CPU cores (docs/PERFORMANCE.md,
+# The tree settings are the fastest measured for SmolLM2-135M on 2 CPU cores (docs/lab/heads.md,
 # "Trained heads"). On a CPU a verify pass costs more the wider it is, so small trees win; a GPU,
 # where width is nearly free, wants larger ones (-o nodes=..., -o tree=...).
 # Dynamic axes of an EAGLE/EAGLE-3 head step besides its feature inputs.

@@ -25,7 +25,7 @@ from specdec_edge.export.quant_weights import (
 )
 
 # MatMulNBits compute: 4 = int8 activations (quantized per block of each row, like llama.cpp's Q8 dot
-# products); 0/1 = fp32 activations, ~3x slower on this CPU (docs/PERFORMANCE.md).
+# products); 0/1 = fp32 activations, ~3x slower on this CPU (docs/lab/prefill-and-passes.md).
 ACCURACY_LEVEL = 4
 
 
@@ -94,7 +94,7 @@ class Linears:
         b = self.b
         inits = self._inits(name, q)
         # uint8 x uint8 around 128: exact int32 sums on every x86 CPU (uint8 x int8 saturates 16-bit pair
-        # sums on AVX2 without VNNI: measured, docs/PERFORMANCE.md).
+        # sums on AVX2 without VNNI: measured, docs/lab/quantization.md).
         xq, xscale = self._quantize_rows(x)
         zero = b.const(128, np.uint8)
         acc = b.op("MatMulInteger", xq, inits["q.T"], zero, zero)  # [B, S, N] int32

@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import Manifest, read_manifest
-from specdec_edge.bundle_write import disk_errors, prepare_out_dir
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.schema import Manifest
+from specdec_edge.bundle.write import disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
 from specdec_edge.export.draft_data import batches, draft_vocabulary, generate_data, load_prompt_texts, prepare_bundle
 from specdec_edge.export.head_export import target_final_norm, target_weights
@@ -42,6 +43,7 @@ class TrainSettings:
     """How ``train_draft`` trains; the defaults are the shipped heads' recipe (``data/heads/README.md``)."""
 
     prompts: str | Path | None = None  # Spec-Bench style JSONL or text file, or "spec-bench"; None: self-written
+    corpus: str | Path | None = None  # a corpus folder (``corpus.py``): its answers instead of ``prompts``
     self_prompts: int = 1024  # prompts the target writes itself when ``prompts`` is None
     answer_batch: int = 32  # answers the PyTorch model generates at a time, at most PART (0: our runtime, one by one)
     max_prompts: int = 0  # 0: every prompt
@@ -59,6 +61,9 @@ class TrainSettings:
     seed: int = 0
     progress: bool = True  # progress bars on stderr
     spinning: bool = True  # False: the runtime generating the answers uses sleeping thread pools
+    eval_bundle: str | Path | None = None  # after each epoch: the heads' chain acceptance on this bundle
+    eval_prompts: int = 24  # held-out corpus requests answered by that check
+    held_out_every: int = 50  # one corpus request in this many is kept apart from training (``corpus.held_out``)
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Prepared:
     data: list[dict]  # draft_data sequences
     vocab_ids: np.ndarray  # [V'] target token ids of the draft vocabulary, sorted
     final_norm: np.ndarray | None = None  # [H] the target's final norm weight, if the graph names it
+    held_out: list[dict] = field(default_factory=list)  # sequences kept apart from training (a corpus's)
 
 
 def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> Prepared:
@@ -80,6 +86,8 @@ def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> P
     bundle = prepare_bundle(target, out, s.capacity, s.progress, layers)
     manifest = read_manifest(bundle)
     graph = manifest.target.graph
+    if s.corpus is not None:
+        return prepare_corpus(bundle, manifest, out, s, layers)
     loaded = torch_target(target) if s.prompts is None or s.answer_batch else None
     if s.prompts is not None:
         texts = load_prompt_texts(s.prompts, s.max_prompts, s.holdout)
@@ -111,6 +119,21 @@ def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> P
     eos = manifest.tokenizer.eos_token_ids
     vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, s.draft_vocab, eos)
     return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, target_final_norm(bundle))
+
+
+def prepare_corpus(bundle: Path, manifest: Manifest, out: Path, s: TrainSettings, layers: bool) -> Prepared:
+    """``prepare`` from a corpus: its sequences with ``bundle``'s own features (cached per shard in ``out``)."""
+    from specdec_edge.export.corpus_data import corpus_data
+
+    data, apart = corpus_data(
+        bundle, s.corpus, out / "corpus-features", layers=layers, held_out_every=s.held_out_every,
+        threads=s.threads, progress=s.progress,
+    )  # fmt: skip
+    embed, lm_head = target_weights(bundle)
+    eos = manifest.tokenizer.eos_token_ids
+    vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, s.draft_vocab, eos)
+    texts = [""] * (len(data) + len(apart))  # the requests live in the corpus; only their count is reported
+    return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, target_final_norm(bundle), held_out=apart)
 
 
 def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int) -> nn.Module:
@@ -221,6 +244,8 @@ def run_training(
     save_every: int,
     max_minutes: float,
     progress: bool,
+    epoch_ends: tuple[int, ...] = (),
+    on_epoch=None,
 ) -> float:
     """Run the planned steps from ``t.step`` until done or ``max_minutes`` have passed; returns its seconds.
 
@@ -243,8 +268,10 @@ def run_training(
         t.advance(*recipe.loss(t.head, [data[i] for i in t.plan[t.step]], batch_tokens))
         bar.set_postfix(loss=f"{np.mean(t.losses[-10:]):.3f}", top1=f"{np.mean(t.agrees[-10:]):.2f}")
         bar.update()
-        if t.step % save_every == 0:
+        if t.step % save_every == 0 or t.step in epoch_ends:
             checkpoint.save(t)
+        if on_epoch is not None and t.step in epoch_ends:
+            on_epoch(epoch_ends.index(t.step) + 1, t)
     bar.close()
     checkpoint.save(t)
     return time.perf_counter() - start
@@ -257,8 +284,8 @@ def training_summary(
     source, losses, agrees = prep.manifest.target.source, t.losses, t.agrees
     return {
         "target": Path(source).name if Path(source).exists() else source,
-        "prompts_file": Path(s.prompts).name if s.prompts else f"written by the target (seed {s.seed})",
-        "answers": f"PyTorch, batches of {s.answer_batch}" if s.answer_batch else "our runtime, one at a time",
+        "prompts_file": _prompts_source(s),
+        "answers": _answers_source(s),
         "prompts": len(prep.texts),
         "holdout_per_category": s.holdout,
         "sequences": len(prep.data),
@@ -277,6 +304,56 @@ def training_summary(
         # CPU time of this process (all threads): on a shared machine, wall time / threads overstates the work
         "cpu_seconds": None if cpu_seconds is None else round(cpu_seconds, 1),
     }
+
+
+class EpochCheck:
+    """After each epoch: the head's loss and top-1 on the held-out sequences, and its chain acceptance on
+    ``s.eval_bundle`` (``head_eval.py``), appended to ``<method>/epochs.jsonl`` and printed."""
+
+    def __init__(self, recipe: HeadRecipe, prep: Prepared, s: TrainSettings, folder: Path):
+        self.recipe, self.prep, self.s, self.log = recipe, prep, s, folder / "epochs.jsonl"
+        self.folder = folder
+        self.groups = batches(prep.held_out, s.batch_tokens, 1, 0)[:16] if prep.held_out else []
+
+    def __call__(self, epoch: int, t: Training) -> None:
+        import copy
+        import json
+
+        from specdec_edge.export.head_eval import chain_acceptance
+
+        row = {"epoch": epoch, "step": t.step, "train_loss": float(np.mean(t.losses[-20:])) if t.losses else None}
+        apart = self.prep.held_out
+        head = copy.deepcopy(t.head).eval()
+        if apart:
+            with torch.no_grad():
+                scores = [self.recipe.loss(head, [apart[i] for i in b], self.s.batch_tokens) for b in self.groups]
+            row.update(held_out_loss=float(np.mean([float(x) for x, _ in scores])),
+                       held_out_top1=float(np.mean([a for _, a in scores])))  # fmt: skip
+        if isinstance(head, Eagle3Head):
+            head.fold_feature_scale()
+        snapshot = save_heads(self.folder / f"epoch-{epoch}", head, self.prep.vocab_ids)
+        prompts = [d["request"] for d in apart if "request" in d][: self.s.eval_prompts]
+        if prompts:
+            row[Path(self.s.eval_bundle).name] = chain_acceptance(
+                snapshot, Path(self.s.eval_bundle), prompts, method=self.recipe.name, threads=self.s.threads
+            )
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.s.progress:
+            print(f"train-draft: epoch {epoch}: {json.dumps(row)}", file=sys.stderr, flush=True)
+        t.head.train()
+
+
+def _answers_source(s: TrainSettings) -> str:
+    if s.corpus:
+        return "the corpus's (our runtime, greedy)"
+    return f"PyTorch, batches of {s.answer_batch}" if s.answer_batch else "our runtime, one at a time"
+
+
+def _prompts_source(s: TrainSettings) -> str:
+    if s.corpus:
+        return f"corpus {Path(s.corpus).name}"
+    return Path(s.prompts).name if s.prompts else f"written by the target (seed {s.seed})"
 
 
 def train_draft(method: str, target: str, out: str | Path, settings: TrainSettings | None = None, **changes) -> Path:
@@ -299,6 +376,7 @@ def train_draft(method: str, target: str, out: str | Path, settings: TrainSettin
     prep = prepare(target, out, s, layers=recipe.reads_layers)
     head = build_head(recipe, prep, s.medusa_heads, s.seed)
     t = Training.start(head, batches(prep.data, s.batch_tokens, s.epochs, s.seed), s.lr)
+    ends = tuple(np.cumsum([len(batches(prep.data, s.batch_tokens, 1, s.seed + e)) for e in range(s.epochs)]).tolist())
     folder = out / method
     folder.mkdir(exist_ok=True)
     settings = {"method": method, "config": asdict(head.cfg), "steps": len(t.plan), "lr": s.lr, "seed": s.seed}
@@ -313,6 +391,8 @@ def train_draft(method: str, target: str, out: str | Path, settings: TrainSettin
         save_every=s.save_every,
         max_minutes=s.max_minutes,
         progress=s.progress,
+        epoch_ends=ends,
+        on_epoch=EpochCheck(recipe, prep, s, folder) if s.eval_bundle else None,
     )
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     head.cfg.training = training_summary(prep, t, s, train_seconds, seconds, cpu_seconds)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_edge.bundle import GraphSpec
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import ExportError
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.tree import path_to, tree_inputs

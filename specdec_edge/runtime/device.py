@@ -1,6 +1,6 @@
 """What runs the passes: the identity of this device, as far as it changes a pass's rounding or its cost.
 
-Two uses: the step costs ``auto`` measures (``step_costs.py``) and the exactness verdict
+Two uses: the step costs ``auto`` measures (``api/step_costs.py``) and the exactness verdict
 (``runtime/verdicts.py``) are kept per device, so a bundle copied to another machine (another CPU model
 or instruction set, a GPU, another ONNX Runtime) is measured again there instead of trusting numbers
 from the machine that exported it.

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec_edge.bundle import GraphSpec
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import BACKENDS, DEFAULT_GPU, Engine, GpuOptions, check_cache_memory
 from specdec_edge.runtime.ort_engine import OrtEngine

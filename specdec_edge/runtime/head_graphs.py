@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_edge.bundle import HeadSpec
+from specdec_edge.bundle.schema import HeadSpec
 from specdec_edge.errors import BundleError
 from specdec_edge.runtime.sessions import create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options

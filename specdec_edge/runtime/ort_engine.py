@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from specdec_edge.bundle import GraphSpec
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.runtime.base import Engine, StepOutput, pad_step
 from specdec_edge.runtime.sessions import attention_rows, bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options

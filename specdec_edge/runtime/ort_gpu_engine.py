@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from specdec_edge.bundle import GraphSpec
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import DEFAULT_GPU, PAD_TO, Engine, GpuOptions, StepOutput, pad_step, widen_bias
 from specdec_edge.runtime.prebuilt import engine_cache_dir, find_prebuilt

@@ -26,7 +26,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from specdec_edge.bundle import GraphSpec, read_manifest
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.trt_libraries import (
     KIND_BACKEND,

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import onnxruntime as ort
 
-from specdec_edge.bundle import GraphSpec
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.base import ATTENTION_ROWS_KEY, BACKENDS
 from specdec_edge.runtime.threads import OWN_SESSIONS, PROCESS_POOL

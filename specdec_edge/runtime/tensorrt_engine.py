@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_edge.bundle import GraphSpec
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
 from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step
 from specdec_edge.runtime.prebuilt import REBUILD, cuda_check, find_prebuilt, import_cudart

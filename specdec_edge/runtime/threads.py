@@ -1,7 +1,7 @@
 """CPU threads for every ONNX Runtime session of the process: one spinning pool, shared.
 
 A pipeline runs several CPU sessions (the target, a draft model, draft heads) and an app may
-load several pipelines. Two ways to give them threads (docs/PERFORMANCE.md, "Thread pools"):
+load several pipelines. Two ways to give them threads (docs/lab/threads-and-overhead.md, "Thread pools"):
 
 * spinning (default): one process-wide ONNX Runtime pool (``set_global_thread_pool_sizes``,
   sessions with ``use_per_session_threads = False``) whose workers spin between ops. Every

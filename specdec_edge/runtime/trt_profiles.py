@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec_edge.bundle import GraphSpec
+from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import MAX_VERIFY, PAD_TO, PREFILL_CHUNK
 

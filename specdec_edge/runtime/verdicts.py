@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_edge.atomic import write_atomic
-from specdec_edge.bundle import manifest_digest as bundle_digest
+from specdec_edge.bundle.hashes import manifest_digest as bundle_digest
 from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress, report
 from specdec_edge.runtime.base import PREFILL_CHUNK, RESIDUE_PERIOD, RESIDUE_WIDTHS, Engine, prefill

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from specdec_edge.api.streaming import GenerationResult
 from specdec_edge.serve.protocol import completion_tokens
-from specdec_edge.streaming import GenerationResult
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

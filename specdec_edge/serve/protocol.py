@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from specdec_edge.streaming import MAX_STOP_CHARS
+from specdec_edge.api.streaming import MAX_STOP_CHARS
 from specdec_edge.tokenizer import MAX_MESSAGES
 from specdec_edge.values import is_int as _is_int
 

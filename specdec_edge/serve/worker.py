@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specdec_edge.api.streaming import GenerationResult, Stream
 from specdec_edge.errors import SpecdecError
-from specdec_edge.streaming import GenerationResult, Stream
 
 log = logging.getLogger("specdec_edge.serve")
 

@@ -1,5 +1,5 @@
 """What a step costs on this device, as ``auto`` reads it: the target's verify pass over width and context, and
-each proposer's own work (``CostModel``). Pure: measuring and caching them is ``specdec_edge/step_costs.py``'s.
+each proposer's own work (``CostModel``). Pure: measuring and caching them is ``specdec_edge/api/step_costs.py``'s.
 
 ``auto`` (``speculative/auto.py``) chooses each step's proposal by expected tokens per second, so it
 needs the price of a pass of every width it might verify. That price depends on the device, the

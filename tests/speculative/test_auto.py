@@ -1,0 +1,335 @@
+"""``--method auto``: per-step choice of proposer, width and tree from measured costs.
+
+Invariants: auto's greedy output equals plain's token for token on bundles with a draft model and
+with trained heads; sampling keeps the target's distribution; with scripted costs and acceptance
+models the chooser takes a plain step when verification is dear and acceptance low, and the whole
+tree when width is free; the guard falls back to plain steps when measured throughput is below
+plain's; the cost cache is keyed by bundle, provider, device and threads; per-proposer stats reach
+the stats, bench and chat.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec_edge import Pipeline
+from specdec_edge.api.step_costs import WIDTHS, CostKey, cost_path, load_costs
+from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
+from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes
+from specdec_edge.speculative.costs import CostModel
+from specdec_edge.speculative.loop import decode, prefill
+from specdec_edge.speculative.methods import Resources, auto_candidates
+from specdec_edge.speculative.predictors import NodeRates, prefix_order
+from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
+from specdec_edge.speculative.stats import Stats
+from tests.speculative.test_acceptance import CHI2_CRIT_DF7_P001
+from tests.speculative.test_methods import TEXTS, assert_greedy_equals_plain
+
+
+def scripted_costs(row_cost: float, base: float = 0.01) -> CostModel:
+    """A cost model whose pass of w rows costs ``base + row_cost * (w - 1)`` seconds at every context."""
+    row = [base + row_cost * (w - 1) for w in WIDTHS]
+    return CostModel(list(WIDTHS), [64, 512], [row, row])
+
+
+class Scripted(Proposer):
+    def __init__(self, proposal: Proposal):
+        self.proposal = proposal
+
+    def propose(self, context, k):
+        return self.proposal
+
+
+def fixed_rates(rate: float) -> NodeRates:
+    """An acceptance model that believes every node is accepted with ``rate`` (a prior no count can move)."""
+    return NodeRates(key=lambda p, proposer, i: i, prior=lambda p, proposer, i: rate, strength=1e12)
+
+
+def tree(n: int) -> Proposal:
+    """n nodes: four children of the pending token, the rest below them."""
+    parents = np.array([-1 if i < 4 else (i - 4) // 4 for i in range(n)], dtype=np.int64)
+    return Proposal(np.arange(10, 10 + n, dtype=np.int64), parents=parents, source="tree")
+
+
+# ---- the chooser, with scripted costs and acceptance
+
+
+def test_plain_step_when_verification_is_dear_and_acceptance_low():
+    auto = AutoProposer([Candidate("tree", Scripted(tree(20)), fixed_rates(0.05))], scripted_costs(0.01))
+    assert auto.propose([1, 2, 3], 4) is EMPTY
+
+
+def test_whole_tree_when_width_is_free():
+    auto = AutoProposer([Candidate("tree", Scripted(tree(20)), fixed_rates(0.3))], scripted_costs(0.0))
+    chosen = auto.propose([1, 2, 3], 4)
+    assert len(chosen.tokens) == 20 and chosen.source == "tree"
+
+
+def test_a_prefix_when_width_costs_something():
+    # Each extra row costs a tenth of a pass; node i is accepted with 0.9 ** (i + 1): the first nodes pay.
+    proposal = Proposal(np.arange(5, 17, dtype=np.int64), source="chain")
+    model = NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.9 ** (i + 1), strength=1e12)
+    auto = AutoProposer([Candidate("chain", Scripted(proposal), model)], scripted_costs(0.001))
+    chosen = auto.propose([1, 2, 3], 12)
+    assert 1 <= len(chosen.tokens) < 12
+    np.testing.assert_array_equal(chosen.tokens, proposal.tokens[: len(chosen.tokens)])
+
+
+def test_the_better_proposer_wins():
+    weak = Candidate("weak", Scripted(Proposal(np.array([7, 8]), source="weak")), fixed_rates(0.2))
+    strong = Candidate("strong", Scripted(Proposal(np.array([5, 6]), source="strong")), fixed_rates(0.9))
+    auto = AutoProposer([weak, strong], scripted_costs(0.001))
+    assert auto.propose([1, 2, 3], 4).source == "strong"
+
+
+def test_two_proposals_merge_into_one_tree_when_width_is_cheap():
+    chain = Candidate("chain", Scripted(Proposal(np.array([5, 6, 7]), source="chain")), fixed_rates(0.5))
+    other = Candidate("other", Scripted(Proposal(np.array([5, 9]), source="other")), fixed_rates(0.5))
+    auto = AutoProposer([chain, other], scripted_costs(0.0))
+    merged = auto.propose([1, 2, 3], 4)
+    assert merged.source == "chain+other" and merged.parents is not None
+    # The shared first token once: 5 -> 6 -> 7 and 5 -> 9.
+    assert sorted(merged.tokens.tolist()) == [5, 6, 7, 9]
+    assert sorted(auto._chosen.parts[1][2].tolist()) == [merged.tokens.tolist().index(t) for t in (5, 9)]
+    chains_only = AutoProposer([chain, other], scripted_costs(0.0), trees=False)
+    assert chains_only.propose([1, 2, 3], 4).parents is None
+
+
+def test_the_guard_falls_back_to_plain_then_tries_again():
+    auto = AutoProposer([Candidate("tree", Scripted(tree(8)), fixed_rates(0.5))], scripted_costs(0.0))
+    assert len(auto.propose([1, 2, 3], 4).tokens) == 8
+    # A window of steps that emitted 1 token in 10x a plain pass's time: below plain.
+    auto.window.extend([(1, 0.1)] * GUARD_WINDOW)
+    auto._guard(3)
+    assert auto.plain_until > auto.step  # the guard tripped
+    steps = [len(auto.propose([1, 2, 3], 4).tokens) for _ in range(40)]
+    assert steps[:10] == [0] * 10 and steps[-1] == 8  # plain for the back-off, then choosing again
+
+
+def test_prefix_order_and_subset_keep_a_tree():
+    p = tree(12)
+    rates = np.linspace(0.9, 0.1, 12)[::-1]  # later nodes look likelier: parents must still come first
+    order = prefix_order(p, rates)
+    seen = set()
+    for node in order:
+        assert p.parents[node] < 0 or p.parents[node] in seen
+        seen.add(int(node))
+    sub = subset(p, order[:6])
+    assert all(parent < i for i, parent in enumerate(sub.parents))
+    assert sorted(sub.tokens.tolist()) == sorted(p.tokens[order[:6]].tolist())
+
+
+def test_accepted_nodes_follow_the_emitted_tokens():
+    chain = Proposal(np.array([4, 5, 6]))
+    assert accepted_nodes(chain, [4, 5, 9]).tolist() == [True, True, False]
+    branching = Proposal(np.array([4, 7, 5, 8]), parents=np.array([-1, -1, 1, 2]))
+    assert accepted_nodes(branching, [7, 5, 8, 1]).tolist() == [False, True, True, True]
+    assert accepted_nodes(branching, [3]).tolist() == [False] * 4
+
+
+# ---- on real tiny bundles
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_bundle):
+    return Pipeline.load(tiny_bundle, method="plain", threads=1)
+
+
+@pytest.fixture(scope="module")
+def heads_plain(heads_bundle):
+    return Pipeline.load(heads_bundle, method="plain", threads=1)
+
+
+def test_auto_is_the_default_and_greedy_equals_plain_with_a_draft(tiny_bundle, plain):
+    auto = Pipeline.load(tiny_bundle, threads=1)
+    assert auto.method == "auto" and {c.name for c in auto.proposer.candidates} == {
+        "pld",
+        "history",
+        "draft",
+        "lookahead",
+    }
+    assert_greedy_equals_plain(plain, auto)
+
+
+def test_auto_greedy_equals_plain_with_heads(heads_bundle, heads_plain):
+    auto = Pipeline.load(heads_bundle, threads=1)
+    assert {c.name for c in auto.proposer.candidates} == {"pld", "history", "eagle", "medusa", "lookahead"}
+    assert_greedy_equals_plain(heads_plain, auto)
+
+
+def test_auto_greedy_equals_plain_when_every_option_is_tried(heads_plain, monkeypatch):
+    """With width free and probes every other step, auto verifies every proposer's proposals in turn."""
+    monkeypatch.setattr("specdec_edge.speculative.auto.PROBE_EVERY", 2)
+    pipe = heads_plain.with_method("auto")
+    pipe.proposer.costs = scripted_costs(0.0)
+    for c in pipe.proposer.candidates:
+        c.probe_every = 2
+    assert_greedy_equals_plain(heads_plain, pipe)
+    pipe = heads_plain.with_method("auto")  # fresh: failed probes back off, so the loop above spent lookahead's
+    pipe.proposer.costs = scripted_costs(0.0)
+    for c in pipe.proposer.candidates:
+        c.probe_every = 2
+    used = set()
+    for prompt in TEXTS:
+        stats = pipe.generate(prompt, max_new_tokens=40).stats
+        used |= {part for name, s in stats.by_proposer.items() if s.steps for part in name.split("+")}
+    assert {"pld", "eagle", "medusa", "lookahead"} <= used
+
+
+def test_auto_sampling_keeps_the_target_distribution(heads_plain):
+    """First emitted token over many seeds vs the target's exact top-8 distribution (chi-square, df 7), with
+    auto choosing among pld, EAGLE, Medusa and lookahead proposals (width free, so it always speculates)."""
+    params = SamplingParams(temperature=1.0, top_k=8)
+    prompt = heads_plain.encode("the quick brown fox jumps over the lazy dog the quick brown")
+    prefill(heads_plain.target, prompt[:-1])
+    p = probs_from_logits(heads_plain.target.run(prompt[-1:]).logits, params)[0]
+    support = np.flatnonzero(p)
+    pipe = heads_plain.with_method("auto")
+    auto = pipe.proposer
+    auto.costs = scripted_costs(0.0)
+    firsts, accepted = [], 0
+    for seed in range(1500):
+        stats = Stats()
+        step = next(
+            decode(pipe.engine, auto, prompt, max_new_tokens=2, params=params, k=4, rng=make_rng(seed), stats=stats)
+        )
+        firsts.append(step.tokens[0])
+        accepted += stats.accepted
+    counts = np.array([firsts.count(t) for t in support])
+    assert counts.sum() == len(firsts) and len(support) == 8
+    expected = p[support] * len(firsts)
+    assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_CRIT_DF7_P001
+    assert accepted > 100, f"auto's proposals were accepted {accepted} times: the test would prove little"
+
+
+def test_auto_builds_chains_only_where_trees_are_not_exact(heads_plain):
+    res = Resources(heads_plain.engine, None, heads_plain.heads, trees=False)
+    candidates = auto_candidates(res, {})
+    assert {c.name for c in candidates} == {"pld", "eagle", "medusa"}  # no lookahead: its window is a tree
+    assert not any(c.proposer.branches for c in candidates)
+
+
+def test_stats_per_proposer(heads_plain):
+    stats = heads_plain.with_method("pld-eagle").generate(TEXTS[0], max_new_tokens=40).stats
+    assert sum(s.steps for s in stats.by_proposer.values()) == stats.steps
+    assert sum(s.accepted for s in stats.by_proposer.values()) == stats.accepted
+    for s in stats.by_proposer.values():
+        assert sum(s.widths.values()) == s.steps
+        assert s.accepted_at.get(1, 0) >= s.accepted_at.get(2, 0)
+    d = stats.as_dict()["by_proposer"]
+    assert set(d) == set(stats.by_proposer) and "eagle" in stats.proposer_summary()
+
+
+# ---- the cost cache
+
+
+def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monkeypatch, tiny_bundle, tiny_self_bundle):
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    lines = []
+
+    def load(bundle, threads):
+        pipe = Pipeline.load(bundle, method="auto", threads=threads, progress=lines.append)
+        return pipe.proposer.costs
+
+    first = load(tiny_bundle, 1)
+    measured = sum("measuring" in line for line in lines)
+    assert measured == 1 and len(list((tmp_path / "costs").glob("*.json"))) == 1
+    assert first.verify(32, 64) >= first.verify(1, 64) > 0
+    again = load(tiny_bundle, 1)
+    assert sum("measuring" in line for line in lines) == 1 and again.seconds == first.seconds  # from the cache
+    load(tiny_bundle, 2)  # other threads
+    load(tiny_self_bundle, 1)  # another bundle
+    assert sum("measuring" in line for line in lines) == 3
+    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "history", "draft", "lookahead"))
+    assert load_costs(key) is not None and cost_path(key).is_file()
+    for changed in (
+        CostKey(key.bundle, "cuda", key.device, key.threads, key.candidates),
+        CostKey(key.bundle, key.provider, "another device", key.threads, key.candidates),
+        CostKey("0" * 64, key.provider, key.device, key.threads, key.candidates),
+    ):
+        assert load_costs(changed) is None
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+
+    shown = CliRunner().invoke(main, ["info", str(tiny_bundle)]).output
+    assert shown.count("step costs on") == 2 and "relative cost by width" in shown  # threads 1 and 2
+    cost_path(key).write_text("{not json")
+    assert load_costs(key) is None  # a damaged cache file is measured again, not an error
+
+
+def test_measuring_is_reported_by_the_commands_and_not_by_the_api(tmp_path, monkeypatch, capsys, tiny_bundle):
+    """A fresh cache: the verdict (threads 1 is another setting than the export's) and the step costs are measured.
+    The Python API prints nothing; `generate` shows both on stderr, through the same hook."""
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path / "api"))
+    assert Pipeline.load(tiny_bundle, method="auto", threads=1).generate("the quick", max_new_tokens=2).token_ids
+    assert list((tmp_path / "api" / "costs").glob("*.json")) and list((tmp_path / "api" / "verdicts").glob("*"))
+    assert capsys.readouterr() == ("", "")
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path / "cli"))
+    args = ["generate", str(tiny_bundle), "--prompt", "the quick", "--method", "auto", "--threads", "1"]
+    result = CliRunner().invoke(main, [*args, "--max-new-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert "checking on" in result.stderr and "measuring step costs" in result.stderr
+    assert "measuring" not in result.stdout
+
+
+def test_auto_seeded_sampling_is_reproducible(heads_bundle):
+    """A seed pins the text under auto as under a fixed method, whatever auto learned in between."""
+    auto = Pipeline.load(heads_bundle, threads=1)
+    sampled = dict(max_new_tokens=30, temperature=0.3, top_k=3, seed=11)
+    a = auto.generate(TEXTS[0], **sampled)
+    for prompt in TEXTS[1:]:
+        auto.generate(prompt, max_new_tokens=30)  # greedy calls teach the models and move the measured costs
+    b = auto.generate(TEXTS[0], **sampled)
+    assert a.token_ids == b.token_ids and a.stats.accepted > 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: {**d, "seconds": [[0.0] * len(d["widths"]) for _ in d["contexts"]]},  # all times 0
+        lambda d: {**d, "seconds": [row[:-1] for row in d["seconds"]]},  # rows of the wrong length
+        lambda d: {**d, "seconds": [["fast"] * len(d["widths"]) for _ in d["contexts"]]},  # strings for numbers
+        lambda d: {**d, "proposers": ["pld"]},  # a wrong type for proposers
+        lambda d: {**d, "widths": "1,2,3"},
+        lambda d: [d],
+    ],
+)
+def test_a_damaged_cost_file_is_measured_again(tmp_path, monkeypatch, tiny_bundle, damage):
+    import json
+
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    first = Pipeline.load(tiny_bundle, method="auto", threads=1)
+    [path] = (tmp_path / "costs").glob("*.json")
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    lines = []
+    again = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append)
+    assert sum("measuring" in line for line in lines) == 1  # measured again, and the file rewritten
+    assert again.generate("the quick brown fox", max_new_tokens=8).token_ids
+    assert CostModel.from_json(json.loads(path.read_text())).seconds[0][0] > 0
+    assert first.proposer.costs.widths == again.proposer.costs.widths
+
+
+def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, monkeypatch, tiny_bundle):
+    """A read-only cache (HOME read-only in a container, ProtectHome=yes) or a directory where the file goes: auto
+    measures, warns once, and runs."""
+    cache = tmp_path / "cache"
+    (cache / "costs").mkdir(parents=True)
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(cache))
+    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "history", "draft", "lookahead"))
+    cost_path(key).mkdir()  # a directory at the file's path
+    lines = []
+    pipe = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append)
+    assert pipe.generate("the quick brown fox", max_new_tokens=8).token_ids
+    assert any("warning: cannot write" in line for line in lines)
+    cost_path(key).rmdir()
+    (cache / "costs").chmod(0o500)  # read-only (root ignores modes: then the directory trick above is the test)
+    try:
+        assert Pipeline.load(tiny_bundle, method="auto", threads=1).generate("the quick", max_new_tokens=4).token_ids
+    finally:
+        (cache / "costs").chmod(0o700)
