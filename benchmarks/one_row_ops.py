@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from specdec_edge.bundle import read_manifest
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.base import StepInputs, causal_bias, pad_step, prefill
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads, app_session_options

@@ -174,7 +174,7 @@ def test_greedy_decoding_is_the_same_with_one_row_passes(tiny_bundle):
         pytest.skip(f"one-row passes round differently on this CPU: {plain.verdict.details.get('one_row_form')}")
     padded = Pipeline.load(tiny_bundle, method="plain", threads=1)
     padded.target.min_width = 2
-    from tests.test_methods import assert_greedy_equals_plain, many_prompts
+    from tests.speculative.test_methods import assert_greedy_equals_plain, many_prompts
 
     prompts = many_prompts()[:12]
     for prompt in prompts:
