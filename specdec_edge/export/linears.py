@@ -120,12 +120,8 @@ class Linears:
             accuracy_level=ACCURACY_LEVEL,
         )
         if q.mins is not None:  # + sum over each block of x times the block's minimum: [B, S, K/block] @ [K/block, N]
-            if _pooled(q, self.wdt):  # the block means x (block size x the minima), the same products: see _inits
-                sums = b.op("AveragePool", x, kernel_shape=[q.block], strides=[q.block])
-            else:
-                sums = b.op(
-                    "ReduceSum", b.op("Reshape", x, b.const([0, 0, k // q.block, q.block])), b.const([-1]), keepdims=0
-                )
+            blocks = b.op("Reshape", x, b.const([0, 0, k // q.block, q.block]))
+            sums = b.op("ReduceSum", blocks, b.const([-1]), keepdims=0)
             y = b.op("Add", y, b.op("MatMul", sums, inits["mins.T"]))
         return y
 
@@ -160,8 +156,7 @@ class Linears:
                     "zero_points": b.init(name + ".zero_points", zero),
                 }
                 if q.mins is not None:
-                    mins = q.mins.T * np.float32(q.block) if _pooled(q, self.wdt) else q.mins.T  # exact: a power of two
-                    self._stored[name]["mins.T"] = b.init(name + ".mins.T", np.ascontiguousarray(mins, np.float32))
+                    self._stored[name]["mins.T"] = b.init(name + ".mins.T", np.ascontiguousarray(q.mins.T))
         return self._stored[name]
 
     # ---- quantized gathers
@@ -198,18 +193,8 @@ class Linears:
         rows = b.op("Mul", b.op("Sub", vals, b.const(float(q.zero.flat[0]), np.float32)), self._per_block(scales))
         if q.mins is not None:  # mins.T [nb, N]
             mins = b.op("Transpose", b.op("Gather", inits["mins.T"], ids, axis=1), perm=[1, 2, 0])  # [B, S, nb]
-            if _pooled(q, self.wdt):  # stored times the block size (_inits): back, exactly
-                mins = b.op("Mul", mins, b.const(1 / q.block, np.float32))
             rows = b.op("Add", rows, self._per_block(mins))
         return b.op("Reshape", rows, b.const([0, 0, k]))  # [B, S, K]
 
     def _per_block(self, t: str) -> str:  # [B, S, nb] -> [B, S, nb, 1]
         return self.b.op("Unsqueeze", t, self.b.const([-1]))
-
-
-def _pooled(q: BlockQuantized, wdt: np.dtype) -> bool:
-    """Whether the per-block sums of the minima term are taken as block means (``AveragePool``, one node, measured
-    ~4x cheaper per pass in ONNX Runtime than ``Reshape`` + ``ReduceSum``) times minima stored times the block size:
-    where that scaling is exact (a power-of-two block) and the activations are fp32 (ONNX Runtime pools fp32 on the
-    CPU). (sum / block) x (block x m) rounds once, as sum x m does."""
-    return wdt == np.float32 and q.block & (q.block - 1) == 0
