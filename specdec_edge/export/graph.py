@@ -435,12 +435,13 @@ class OrtAttention:
 
     def pad_rows(self) -> None:
         """The attention op's inputs of a pass of S < ATTENTION_ROWS rows, padded to ATTENTION_ROWS rows inside the
-        graph, as ``runtime.base.pad_step`` pads a whole pass on the host: a padding row repeats the last row (its
-        token, position and mask), sits one slot after it (K/V past the valid length, overwritten later) and no real
-        row sees it. Only attention sees the extra row (``__call__`` slices its output back to S rows), so a one-row
-        pass runs every linear layer at one row: exact where the verdict measures a one-row pass of this graph equal
-        to the first row of a two-row one (``runtime/verdicts.py``), else the engine pads the whole pass as before
-        and ``pad`` is 0 here. Wider passes are unchanged (``pad`` 0)."""
+        graph, as ``runtime.base.pad_step`` pads a whole pass on the host: a padding row repeats the last row's
+        q/k/v, position and mask, writes its K/V one slot after it (past the valid length, overwritten later; a
+        column the real rows' masks hide) and no real row sees it. Only attention sees the extra row (``__call__``
+        slices its output back to S rows), so a one-row pass runs every linear layer at one row: exact where the
+        verdict measures a one-row pass of this graph equal to the first row of a two-row one
+        (``runtime/verdicts.py``), else the engine pads the whole pass as before and ``pad`` is 0 here. Wider
+        passes are unchanged (``pad`` 0)."""
         g, b = self.g, self.g.b
         pad = b.op("Max", b.op("Sub", b.const(ATTENTION_ROWS), g.seq), b.const(0))  # int64: max(0, 2 - S)
         pad1 = b.op("Unsqueeze", pad, b.const([0]))
@@ -463,6 +464,7 @@ class OrtAttention:
         self.positions = b.op(
             "Pad", "position_ids", b.op("Concat", b.const([0, 0, 0]), pad1, axis=0), mode="edge"
         )  # [B, S + pad]
+        self.rows = b.op("Unsqueeze", g.seq, b.const([0]))  # [1]: S, the rows sliced back after attention
 
     def __call__(self, i: int, q: str, k: str, v: str) -> str:
         """Layer i's attention: packed q [B, S, (nh + 2 kvh) hd] (k, v empty), or q, k, v -> [B, S, nh*hd]."""
@@ -493,7 +495,7 @@ class OrtAttention:
         )
         b.rename_output(out[1], f"present.{i}.key")
         b.rename_output(out[2], f"present.{i}.value")
-        return b.op("Slice", out[0], b.const([0]), b.op("Unsqueeze", g.seq, b.const([0])), b.const([1]))  # [B, S, .]
+        return b.op("Slice", out[0], b.const([0]), self.rows, b.const([1]))  # [B, S, nh*hd]
 
 
 class PortableAttention:
