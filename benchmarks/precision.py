@@ -6,7 +6,8 @@ Usage:
 
 Greedy decoding here is the plain one-token loop on the engine (no speculation), so the
 numbers isolate the precision. Agreement: share of prompts whose greedy continuation equals
-the fp32 one token for token, and the mean length of the common prefix.
+the fp32 one token for token, and the mean length of the common prefix (``--json``: per prompt, for paired
+comparisons of two graphs of one model).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write each prompt's common prefix with fp32, per graph, here")
     args = ap.parse_args()
 
     manifest = read_manifest(args.ref)
@@ -86,13 +88,17 @@ def main() -> None:
     ref = results[str(args.ref)]["outs"]
     print("| graph | size (MB) | median ms / token (S=1) | identical to fp32 | mean common prefix (tokens) |")
     print("|---|---|---|---|---|")
-    for r in results.values():
+    prefixes = {}
+    for name, r in results.items():
         same = [a == b for a, b in zip(r["outs"], ref)]
         prefix = [
             next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             for a, b in zip(r["outs"], ref)
         ]
         print(f"| {r['dtype']} | {r['mb']:.0f} | {r['ms']:.1f} | {sum(same)}/{len(same)} | {np.mean(prefix):.1f} |")
+        prefixes[name] = prefix
+    if args.json:
+        args.json.write_text(json.dumps({"new_tokens": args.new_tokens, "common_prefix": prefixes}, indent=1))
 
 
 if __name__ == "__main__":

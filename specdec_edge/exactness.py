@@ -11,7 +11,8 @@ other device). A ``Verdict`` is what was measured:
 * ``batch_invariant``: every chain row from ``min_pass_width`` up to ``max_width`` rows, at every measured
   key range (across the kernels' block boundaries), matched plain decoding bit for bit;
 * ``min_pass_width``: 2 when a single-row pass rounds differently from wider ones (the runtime then
-  pads one-row passes to two; plain decoding pads too, so both go through the same kernels);
+  pads one-row passes to two; plain decoding pads too, so both go through the same kernels); 1 where a one-row pass
+  (its attention padded to two rows inside graphs that do so: ``details["one_row_form"]``) matched;
 * ``tree_invariant``: token-tree rows matched their branches run as chains.
 
 The rules (``decide``):
@@ -166,7 +167,11 @@ def describe(verdict: Verdict, dtype: str) -> str:
             "NOT batch invariant: speculation is refused (--allow-inexact runs it and may change the output)"
             + _reuse(verdict)
         )
-    pad = f"; one-row passes padded to {verdict.min_pass_width}" if verdict.min_pass_width > 1 else ""
+    form = verdict.details.get("one_row_form")
+    if form and form != "one row":
+        pad = f"; one-row passes {'run as ' if form.startswith('one row') else ''}{form}"
+    else:
+        pad = f"; one-row passes padded to {verdict.min_pass_width}" if verdict.min_pass_width > 1 else ""
     if verdict.tree_invariant:
         trees = ", token trees too"
     elif dtype in FLOAT_DTYPES:

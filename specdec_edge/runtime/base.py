@@ -45,6 +45,10 @@ PREFILL_CHUNK = 256
 MAX_VERIFY = 64
 # GPU engines pad every narrower pass to this many rows (see pad_step); CPU kernels need no padding.
 PAD_TO = 32
+# Graph metadata (ONNX ``metadata_props``): the fewest rows the graph's attention op sees. Graphs that record 2 pad a
+# one-row pass's attention inside the graph (``export/graph.py``, ``OrtAttention.pad_rows``), so where the device's
+# verdict finds such a pass exact the engine runs it as one row and pads nothing (``min_width`` 1).
+ATTENTION_ROWS_KEY = "specdec_edge.attention_rows"
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,7 @@ class Engine(ABC):
     boundaries: tuple = ()
     bad_residues: Mapping = MappingProxyType({})  # {width: frozenset of residues of past mod RESIDUE_PERIOD}
     max_width: int | None = None  # the widest verify pass measured exact (wider proposals are cut to it)
+    attention_rows: int = 1  # the fewest rows the graph's attention op sees (ATTENTION_ROWS_KEY): what a 1-row pass is
     # The token ids of slots 0..length-1 (see the module docstring), or None: unknown until the next reset.
     held: list | None = None
     _ran: tuple | None = None  # (length, ids) of the last run: what a commit keeps

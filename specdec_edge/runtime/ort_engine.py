@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.runtime.base import Engine, StepOutput, pad_step
-from specdec_edge.runtime.sessions import bind_host_outputs, check_contract, create_session
+from specdec_edge.runtime.sessions import attention_rows, bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
 
 
@@ -39,6 +39,7 @@ class OrtEngine(Engine):
         self.graph = graph
         self.session = create_session(model_path, cpu_session_options(cpu), provider)
         check_contract(self.session, graph, model_path)
+        self.attention_rows = attention_rows(self.session)
         spec = graph.cache
         # Passes narrower than this are padded (the export's verdict; runtime/verdicts.py applies the device's);
         # the slot a 2-row padding writes past the last real token is kept free.
@@ -50,6 +51,8 @@ class OrtEngine(Engine):
         self.length = 0
         self.binding = self.session.io_binding()
         self._out_buffers: dict = {}
+        self._bound: tuple | None = None  # ((seq, keep), the host outputs bound for them): kept bound while they repeat
+        self._keep_values: dict = {}  # keep -> its int64 [1] input
         self._cache_values = []
         for layer in range(spec.num_layers):
             for k, kind in enumerate(("key", "value")):
@@ -78,10 +81,13 @@ class OrtEngine(Engine):
         self.binding.bind_cpu_input("input_ids", step.ids)
         self.binding.bind_cpu_input("position_ids", step.positions)
         self.binding.bind_cpu_input("attention_bias", step.bias)
-        self.binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
-        logits, hidden, layers = bind_host_outputs(
-            self.binding, self._out_buffers, self.graph, step.ids.shape[1], step.keep
-        )
+        if step.keep not in self._keep_values:
+            self._keep_values[step.keep] = np.array([step.keep], dtype=np.int64)
+        self.binding.bind_cpu_input("logits_to_keep", self._keep_values[step.keep])
+        shape = (step.ids.shape[1], step.keep)
+        if self._bound is None or self._bound[0] != shape:  # decoding repeats one shape: its outputs stay bound
+            self._bound = shape, bind_host_outputs(self.binding, self._out_buffers, self.graph, *shape)
+        logits, hidden, layers = self._bound[1]
         self.session.run_with_iobinding(self.binding)
         return StepOutput(
             logits[0, :keep],

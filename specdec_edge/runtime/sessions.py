@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
-from specdec_edge.runtime.base import BACKENDS
+from specdec_edge.runtime.base import ATTENTION_ROWS_KEY, BACKENDS
 from specdec_edge.runtime.threads import OWN_SESSIONS, PROCESS_POOL
 
 # provider name (``Pipeline.load(provider=...)``) -> ONNX Runtime execution provider
@@ -172,6 +172,13 @@ def check_contract(session, graph: GraphSpec, model_path) -> None:
             f"{model_path} does not match its manifest ({problem}); the manifest or the graph is damaged: "
             "run `specdec-edge verify BUNDLE`, then re-copy or re-export the bundle."
         )
+
+
+def attention_rows(session) -> int:
+    """The fewest rows ``session``'s attention op sees (``base.ATTENTION_ROWS_KEY``): 2 where the graph pads a
+    one-row pass's attention itself, else 1 (graphs exported before it, or that do not say)."""
+    value = session.get_modelmeta().custom_metadata_map.get(ATTENTION_ROWS_KEY, "1")
+    return int(value) if value.isdigit() and 1 <= int(value) <= 64 else 1
 
 
 def session_options(threads: int | None = None, share_process: bool = False) -> ort.SessionOptions:

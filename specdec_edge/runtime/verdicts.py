@@ -3,8 +3,12 @@
 Speculative decoding is exact only if verifying a token among draft tokens gives the bits plain
 decoding gives it. Kernels pick another code path (and rounding) for another pass shape:
 
-* MatMulNBits has one path for a single row and another for several (so one-row passes are padded to
-  two: ``min_pass_width`` 2);
+* kernels have one path for a single row and another for several: GroupQueryAttention on every CPU measured,
+  MatMulNBits on some (an AVX2 EPYC; not at accuracy level 4 on a Zen 5 with AVX-512 VNNI). Graphs that pad
+  their attention op to two rows inside (``Engine.attention_rows``, export/graph.py) run a one-row pass with
+  every other op at one row; where that pass's logits and K/V equal the first row of a two-row pass, one-row
+  passes run so (``min_pass_width`` 1, ``one_row_form`` "one row, attention padded to 2"), else the engine
+  pads the whole pass to two rows (``min_pass_width`` 2, "padded to 2");
 * MLAS's SGEMM picks its K and N strides from the matrix sizes (``MlasSgemmOperation``: while
   ``StrideN / 2 >= N`` it halves the N stride and doubles the K stride). Attention's Q.K^T product has
   N = the pass's key count (past + S) and K = the head size, so a head wider than 128 (Gemma 3: 256)
@@ -56,7 +60,7 @@ from specdec_edge.runtime.device import device_key
 from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
 
-VERDICT_FORMAT = 3  # bumped when what is measured changes: cached verdicts of other formats are measured again
+VERDICT_FORMAT = 4  # bumped when what is measured changes: cached verdicts of other formats are measured again
 CHAIN_WIDTHS = (1, 2, 3, 4, 5, 8, 12, 16, 32, 64)  # the widest is what a verify pass may have (MAX_VERIFY)
 CONTEXTS = (7, 40)
 RESIDUE_FROM = 41  # the residue sweep's cache lengths: RESIDUE_FROM .. RESIDUE_FROM + RESIDUE_PERIOD - 1
@@ -218,6 +222,34 @@ def _state(probe: _Probe, n: int, token: int) -> list[np.ndarray]:
     return [*kv, row]
 
 
+def _single_rows_match(probe: _Probe, lengths) -> tuple[bool, float]:
+    """A one-row pass (as the graph runs it: its attention padded inside where ``Engine.attention_rows`` is 2)
+    against the first row of a two-row pass, after each of ``lengths`` - 1 slots: the logits row and, where the cache
+    is host memory, the K/V it wrote in every layer."""
+    ok, worst = True, 0.0
+    for past, pending in _descending(probe, lengths):
+        one = [probe.run(past, [pending])[0], *_slot(probe.engine, past)]
+        two = [probe.run(past, [pending, *probe.tokens(1)])[0], *_slot(probe.engine, past)]
+        for a, b in zip(one, two):
+            ok &= bool(np.array_equal(a, b))
+            worst = max(worst, float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max()))
+    return ok, worst
+
+
+def _slot(engine: Engine, slot: int) -> list[np.ndarray]:
+    """The K/V of one cache slot in every layer (a copy), where the cache is host memory; else nothing."""
+    return [engine.cache[..., slot, :].copy()] if _host_cache(engine) else []
+
+
+def one_row_form(engine: Engine) -> str:
+    """How ``engine`` runs a one-row pass under its measured padding: "one row, attention padded to 2" (the graph
+    pads its attention op, ``Engine.attention_rows``), "one row" or "padded to N"."""
+    pad = max(engine.min_width, getattr(engine, "pad_to", 0) or 0)  # GPU engines pad to a width of their own
+    if pad > 1:
+        return f"padded to {pad}"
+    return f"one row, attention padded to {engine.attention_rows}" if engine.attention_rows > 1 else "one row"
+
+
 def _random_tree(rng: np.random.Generator, nodes: int) -> list[int]:
     return [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
 
@@ -324,13 +356,8 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
     widths = [w for w in widths if max(CONTEXTS) + w <= engine.capacity]
     fits = lambda n, ws: n >= 2 and n + max(ws) <= engine.capacity  # noqa: E731
     near = [c - 3 for c in candidates]
-    # 1. a single row against two rows (MatMulNBits' and SGEMM's one-row paths)
-    single_ok, worst_single = True, 0.0
-    for past, pending in _descending(probe, [n for n in (*CONTEXTS, *near) if fits(n, widths)]):
-        one = probe.run(past, [pending])[0]
-        two = probe.run(past, [pending, *probe.tokens(1)])[0]
-        single_ok &= bool(np.array_equal(one, two))
-        worst_single = max(worst_single, float(np.abs(one - two).max()))
+    # 1. a single row against two rows (kernels' one-row paths: attention's, MatMulNBits' on some CPUs), logits and K/V
+    single_ok, worst_single = _single_rows_match(probe, [n for n in (*CONTEXTS, *near) if fits(n, widths)])
     engine.min_width = 1 if single_ok else 2
     # 2. key-count boundaries; then every width (at short contexts) or a few (across each candidate and boundary),
     # and token trees, with the boundaries applied as the decode loop applies them (no pass straddles one)
@@ -386,6 +413,7 @@ def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CAND
         "residue_period": RESIDUE_PERIOD,
         "bad_residues": {str(w): r for w, r in bad_residues.items()},
         "single_row_matches": bool(single_ok),
+        "one_row_form": one_row_form(engine),
         "single_row_max_abs_diff": worst_single,
         "multi_row_max_abs_diff": worst_multi,
         "tree_max_abs_diff": worst_tree,

@@ -124,7 +124,7 @@ def decode(
         t4 = time.perf_counter()
         if params.greedy:
             rows = np.concatenate([[0], path + 1])[: len(emitted)]  # the logits each emitted token came from
-            ties, gap = near_ties(logits, rows)
+            ties, gap = near_ties(logits, rows, emitted)  # greedy: each emitted token is its row's argmax
             if ties:
                 stats.near_ties += ties
                 stats.min_logit_gap = min(stats.min_logit_gap or gap, gap)
@@ -175,9 +175,11 @@ def verify(target: Engine, pending: int, proposal: Proposal) -> tuple[np.ndarray
     return np.asarray(out.logits, dtype=np.float32), hidden
 
 
-def near_ties(logits: np.ndarray, rows=None) -> tuple[int, float]:
+def near_ties(logits: np.ndarray, rows=None, tops=None) -> tuple[int, float]:
     """Of ``rows`` of ``logits`` (default: all), how many have top-2 logits closer than NEAR_TIE
-    (greedy output may depend on batching there), and the smallest such gap.
+    (greedy output may depend on batching there), and the smallest such gap. ``tops``: each row's argmax where
+    the caller knows it (greedy decoding emitted it; one pass over the row fewer); a token that is not its row's
+    argmax (a lossy rule accepted it) is found out by the masked max and the argmax computed.
 
     Runs once per step over a few rows of the vocabulary: argmax, then the max with the top entry
     masked in place and restored -- no vocabulary-sized copy (~10x cheaper than np.partition).
@@ -185,13 +187,20 @@ def near_ties(logits: np.ndarray, rows=None) -> tuple[int, float]:
     if logits.shape[-1] < 2:
         return 0, 0.0
     count, smallest = 0, np.inf
-    for r in range(len(logits)) if rows is None else rows:
+    for i, r in enumerate(range(len(logits)) if rows is None else rows):
         row = logits[r]
-        top = int(row.argmax())
-        best = row[top]
-        row[top] = -np.inf
-        gap = float(best - row.max())
-        row[top] = best
+        gap = _top_gap(row, int(row.argmax()) if tops is None else int(tops[i]))
+        if gap < 0:  # not the argmax
+            gap = _top_gap(row, int(row.argmax()))
         if gap < NEAR_TIE:
             count, smallest = count + 1, min(smallest, gap)
     return count, (smallest if count else 0.0)
+
+
+def _top_gap(row: np.ndarray, top: int) -> float:
+    """row[top] minus the largest other entry (the top entry masked in place and restored)."""
+    best = row[top]
+    row[top] = -np.inf
+    gap = float(best - row.max())
+    row[top] = best
+    return gap
