@@ -172,7 +172,9 @@ def run_bench(
             skipped[m] = str(e)
     as_text = not pipeline.tokenizer.has_chat_template
     _warm_up(pipes, as_text)
-    costs = next((p.proposer.costs for p in pipes.values() if hasattr(p.proposer, "costs")), None)  # auto's
+    costs = next(
+        (p.decoder.proposer.costs for p in pipes.values() if hasattr(p.decoder.proposer, "costs")), None
+    )  # auto's
     runs: dict[str, dict] = {m: {} for m in pipes}  # method -> prompt index -> Run
     skipped_prompts, divergences = [], []
     bar = tqdm(total=len(prompts) * len(pipes), desc="bench", unit="gen", file=sys.stderr, disable=not progress)

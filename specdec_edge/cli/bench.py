@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
-from specdec_edge.cli.options import K_OPTION
+from specdec_edge.api.settings import LoadSettings
+from specdec_edge.cli.options import K_OPTION, load_options, settings_options
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.methods import METHODS, options_help
 
@@ -14,6 +16,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.command(context_settings=CONTEXT)
+@settings_options(LoadSettings, load_options(threads_default=2))
 @click.argument("bundle", type=click.Path())
 @click.option(
     "--methods",
@@ -41,13 +44,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per turn at most."
 )
 @K_OPTION
-@click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True, help="CPU threads.")
-@click.option(
-    "--spinning/--no-spinning",
-    default=True,
-    show_default=True,
-    help="One process-wide spinning thread pool for every session (plain at its fastest), or a sleeping pool each.",
-)
 @click.option(
     "--temperature",
     type=click.FloatRange(min=0),
@@ -64,12 +60,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     multiple=True,
     metavar="METHOD.KEY=VALUE",
     help=f"Method option, repeatable, e.g. pld.max_ngram=4, lookahead.window=5 ({options_help()}).",
-)
-@click.option(
-    "--allow-inexact",
-    is_flag=True,
-    help="Also run methods that this device's exactness verdict refuses (see `specdec-edge info`); they are marked "
-    "(inexact) in the report. Without it they are skipped, as chat, generate and serve refuse them.",
 )
 @click.option(
     "--reuse",
@@ -101,6 +91,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     help="Write a PNG bar chart of speedups (needs matplotlib).",
 )
 def bench(
+    settings: LoadSettings,
     bundle,
     methods,
     prompts_file,
@@ -108,12 +99,9 @@ def bench(
     n_per_category,
     max_new_tokens,
     k,
-    threads,
-    spinning,
     temperature,
     seed,
     options,
-    allow_inexact,
     reuse,
     sessions,
     json_out,
@@ -167,14 +155,14 @@ def bench(
     prompts = load_prompts(prompts_file, cats, n_per_category)
     meta = {
         **bundle_metadata(bundle),
-        "threads": threads,
-        "spinning": spinning,
+        "threads": settings.threads,
+        "spinning": settings.spinning,
         "n_per_category": n_per_category,
         "prompts_file": prompts_file or "packaged Spec-Bench",
     }
     # no history: every method runs the prompts plain ran first (sessions give each row a store of its own)
-    settings = dict(k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, history=False)
-    pipe = Pipeline.load(bundle, method="plain", progress=to_stderr, **settings)
+    settings = replace(settings, history=False, progress=to_stderr)
+    pipe = Pipeline.load(bundle, settings, method="plain", k=k)
     meta["options"] = method_options
     if sessions:
         from specdec_edge.bench.sessions import build_sessions, plot_sessions, run_sessions, sessions_markdown
@@ -185,7 +173,12 @@ def bench(
         write_report(report, sessions_markdown(report), plot_sessions, json_out, md_out, plot_out)
         return
     run = dict(
-        k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, allow_inexact=allow_inexact, reuse=reuse
+        k=k,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        allow_inexact=settings.allow_inexact,
+        reuse=reuse,
     )
     report = run_bench(pipe, wanted, prompts, meta=meta, options=method_options, **run)
     for m, reason in report["skipped_methods"].items():

@@ -96,7 +96,7 @@ def _answer(pipe, texts: list[str], answer_tokens: int) -> tuple[list[tuple], in
     from specdec_edge.speculative.lookup import PromptLookupProposer
     from specdec_edge.speculative.loop import decode
 
-    tap = FeatureTap(pipe.target)
+    tap = FeatureTap(pipe.engines.target)
     seqs = []
     for text in texts:
         ids = pipe.encode([{"role": "user", "content": text}])

@@ -76,10 +76,10 @@ def scripted_path(proposal: Proposal, n: int) -> np.ndarray:
     return np.array(path_to(proposal.parents, int(np.flatnonzero(d == level)[-1])), dtype=np.int64)
 
 
-def fresh_proposal(fresh: Pipeline, context: list[int], params, rng_seed: int) -> Proposal:
-    prefill(fresh.engine, context[:-1])
-    fresh.proposer.prefill(context, params, np.random.default_rng(rng_seed))
-    return fresh.proposer.propose(context, K)
+def fresh_proposal(fresh: Pipeline, context: list[int], params, rng_seed: int, history) -> Proposal:
+    prefill(fresh.decoder.engine, context[:-1])
+    fresh.decoder.proposer.prefill(context, params, np.random.default_rng(rng_seed), history=history)
+    return fresh.decoder.proposer.propose(context, K)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0)], ids=["greedy", "sampling"])
@@ -88,20 +88,19 @@ def test_proposer_follows_the_contract(method, params, request):
     bundle = request.getfixturevalue(BUNDLE[method])
     pipe = Pipeline.load(bundle, method=method, k=K, threads=1)
     fresh = Pipeline.load(bundle, method=method, k=K, threads=1)  # own engines: a proposer from scratch
-    engine, proposer, vocab = pipe.engine, pipe.proposer, pipe.target.vocab_size
+    engine, proposer, vocab = pipe.decoder.engine, pipe.decoder.proposer, pipe.engines.target.vocab_size
     rng = np.random.default_rng(7)
     context = pipe.encode("the quick brown fox jumps over the lazy dog the quick brown fox")
     store = HistoryStore()  # an earlier call that saw this text, and more (read only here: both draft from it)
     store.add(context + [int(t) for t in rng.integers(3, vocab, 40)])
-    pipe.history_slot.store = fresh.history_slot.store = store
     prefill(engine, context[:-1])
-    proposer.prefill(context, params, np.random.default_rng(0))
+    proposer.prefill(context, params, np.random.default_rng(0), history=store)
     proposed = 0
     for n, with_token in PATTERNS:
         proposal = proposer.propose(context, K)
         check_well_formed(proposal, K, vocab, params.greedy, MAX_DEPTH.get(method, K))
         if method not in HISTORY_DEPENDENT:
-            want = fresh_proposal(fresh, context, params, 0)
+            want = fresh_proposal(fresh, context, params, 0, store)
             if proposal.probs is not None:  # sampled drafts: the first token's distribution follows the context
                 np.testing.assert_allclose(proposal.probs[0], want.probs[0], atol=1e-5)
             else:
@@ -130,7 +129,7 @@ def test_pld_eagle_proposes_by_both_branches(heads_bundle):
     plain = Pipeline.load(heads_bundle, method="plain", threads=1)
     pipe = plain.with_method("pld-eagle", k=K)
     steps = {"first": 0, "second": 0}  # steps whose proposal each branch made
-    first, second = pipe.proposer.first.propose, pipe.proposer.second.propose
+    first, second = pipe.decoder.proposer.first.propose, pipe.decoder.proposer.second.propose
 
     def by_first(context, k):
         proposal = first(context, k)
@@ -141,7 +140,7 @@ def test_pld_eagle_proposes_by_both_branches(heads_bundle):
         steps["second"] += 1
         return second(context, k)
 
-    pipe.proposer.first.propose, pipe.proposer.second.propose = by_first, by_second
+    pipe.decoder.proposer.first.propose, pipe.decoder.proposer.second.propose = by_first, by_second
     for prompt in (
         "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over",
         "speculative decoding verifies draft tokens",

@@ -154,7 +154,7 @@ def test_pipeline_reads_the_registry(tiny_bundle):
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
     for name in available_methods(True, []):
         pipe = plain.with_method(name)
-        assert isinstance(pipe.rule, METHODS[name].rule) and pipe.engine is plain.target
+        assert isinstance(pipe.decoder.rule, METHODS[name].rule) and pipe.decoder.engine is plain.engines.target
     with pytest.raises(SpecdecError, match="has no eagle heads"):
         plain.with_method("pld-eagle")
     with pytest.raises(SpecdecError, match=r"min_ngram=0 is invalid"):
