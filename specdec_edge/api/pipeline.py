@@ -17,7 +17,15 @@ from pathlib import Path
 
 from specdec_edge.api.engines import Engines, open_engines
 from specdec_edge.api.generation import Decoder, Generation, closed_error
-from specdec_edge.api.request import MAX_CHARS_PER_TOKEN, Prompt, check_fits, check_max_new_tokens, check_stops, short
+from specdec_edge.api.request import (
+    MAX_CHARS_PER_TOKEN,
+    Prompt,
+    check_fits,
+    check_max_new_tokens,
+    check_stops,
+    history_for,
+    prefix_ids,
+)
 from specdec_edge.api.request import encode as encode_prompt
 from specdec_edge.api.settings import LoadSettings, check_history_memory
 from specdec_edge.api.streaming import GenerationResult, Stream, text_pieces
@@ -60,36 +68,22 @@ class Pipeline:
         history: HistoryStore | None = None,
     ):
         spec = get_method(method)
-        k = spec.default_k if k is None else k
-        problem = spec.missing(engines.draft is not None, engines.heads)
-        if problem:
-            raise SpecdecError(problem)
-        if spec.speculative and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
-            raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
+        k = _check_k(spec, spec.default_k if k is None else k, engines)
         self.tokenizer, self.engines, self.method, self.k = tokenizer, engines, method, k
         self.options, self.allow_inexact = dict(options or {}), allow_inexact
         self.history = history  # earlier calls' text, for the methods that draft from it (None: off)
         self.exactness, self.decoder = _method_decoder(engines, spec, k, self.options, allow_inexact, tokenizer)
-        if self.exactness.note:
-            note = self.exactness.note
-            log.warning("method %s: %s", method, note) if self.exactness.inexact else log.info("%s", note)
 
     @classmethod
     def load(
         cls, bundle: str | Path, settings: LoadSettings | None = None, *, method=None, k=None, **keywords
     ) -> Pipeline:
-        """Load ``bundle`` with ``settings`` (``api/settings.py``: threads, spinning, provider, GPU options,
-        ``allow_inexact``, prompt cache, history, chat template, progress); keywords named as its fields (and
-        ``pad_to``, ``cuda_graph``) set them too, the other keywords are the method's options.
-
-        ``method``: one of ``speculative.methods.METHODS`` (auto, plain, draft, pld, history, lookahead, eagle,
-        medusa, medusa-typical, pld-eagle, eagle3, pld-eagle3); default: the one the bundle records (`export
-        --default-method`), else "auto", which chooses every step among what the bundle can run by the step costs
-        measured on this device (``speculative/auto.py``). ``k``: the deepest proposal (default: the method's, 6
-        for auto, 8 for history and 4 for the others). Options are checked against the registry (e.g. pld:
-        ``max_ngram``; lookahead: ``window``; eagle: ``topk``; medusa: ``tree``); head methods default to the tree
-        settings the manifest records. "medusa-typical" is LOSSY when sampling (greedy stays exact).
-        """
+        """Load ``bundle`` with ``settings`` (``LoadSettings``: threads, provider, GPU options, prompt cache, history,
+        ...); keywords named as its fields (or ``pad_to``, ``cuda_graph``) set them too, the others are the method's
+        options, checked against the registry (e.g. pld: ``max_ngram``; eagle: ``topk``; medusa: ``tree``).
+        ``method``: one of ``speculative.methods.METHODS``; default: the bundle's (`export --default-method`), else
+        "auto", which chooses every step by the step costs measured on this device (``speculative/auto.py``).
+        ``k``: the deepest proposal (default: the method's). "medusa-typical" is LOSSY when sampling."""
         settings, options = (settings or LoadSettings()).with_keywords(keywords)
         tokenizer, engines, method, store = _open(Path(bundle), settings, method, options)
         return cls(tokenizer, engines, method, k, options, allow_inexact=settings.allow_inexact, history=store)
@@ -115,11 +109,7 @@ class Pipeline:
         Providers cpu, cuda and tensorrt (engines that take KV snapshots: ``Engine.can_snapshot``)."""
         if self.closed:
             raise closed_error()
-        ids = self.encode(prompt)  # the checks; messages again without the generation prompt
-        if not isinstance(prompt, str):
-            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=False)
-            ids = self.tokenizer.encode(text, add_special_tokens=False) or ids
-        return self.engines.save_prefix(self.decoder.engine, ids, path)
+        return self.engines.save_prefix(self.decoder.engine, prefix_ids(self.tokenizer, prompt, self.engines), path)
 
     def load_prefix(self, path: str | Path) -> int:
         """Load a ``save_prefix`` file into the engines (and the prompt cache); returns its token count. A file
@@ -172,11 +162,9 @@ class Pipeline:
     ) -> Stream:
         """Like ``generate`` but yields text pieces as tokens are accepted.
 
-        Generation runs as the stream is read. ``stream.cancel()`` (from any thread) or ``close()``
-        stops it and frees the engines at once; a stream that is dropped or read slowly never blocks
-        other calls: after a short lease they take the engines, and the stream, if read again, goes on
-        where it was (``specdec_edge/api/generation.py``). The keywords: as for ``generate``.
-        """
+        Generation runs as the stream is read. ``stream.cancel()`` (any thread) or ``close()`` stops it and frees
+        the engines at once; a stream dropped or read slowly never blocks other calls: after a short lease they take
+        the engines, and it goes on later where it was (``api/generation.py``). Keywords: as for ``generate``."""
         if self.closed:
             raise closed_error()
         params = SamplingParams(**sampling)
@@ -185,9 +173,9 @@ class Pipeline:
         ids = self.encode(prompt)
         check_fits(ids, max_new_tokens, self.engines.capacity)
         result = GenerationResult("", [], Stats(), None)
-        store = self._history_for(history)
+        store = history_for(history, self.history)
         generation = Generation(self.decoder, ids, params, max_new_tokens, result.stats, bool(reuse), store, owner)
-        return Stream(self._text(generation, stops, result), result, generation.cancel)
+        return Stream(_text(generation, self.tokenizer, stops, result), result, generation.cancel)
 
     def generate(self, prompt: str | list[dict] | Prompt, max_new_tokens: int = 128, **keywords) -> GenerationResult:
         """Generate text after ``prompt`` (a string, chat messages [{'role', 'content'}, ...], or a ``Prompt``).
@@ -207,19 +195,13 @@ class Pipeline:
                 pass
         return stream.result
 
-    def _history_for(self, history) -> HistoryStore | None:
-        if isinstance(history, HistoryStore):
-            return history
-        if isinstance(history, bool):
-            return self.history if history else None
-        raise SpecdecError(f"history={short(history)} is invalid: use True, False or a HistoryStore.")
 
-    def _text(self, generation: Generation, stops: list[str], result: GenerationResult) -> Iterator[str]:
-        """The streamed text of one generation."""
-        try:
-            yield from text_pieces(generation, self.tokenizer, stops, result)
-        finally:
-            generation.close()
+def _text(generation: Generation, tokenizer: Tokenizer, stops: list[str], result: GenerationResult) -> Iterator[str]:
+    """The streamed text of one generation."""
+    try:
+        yield from text_pieces(generation, tokenizer, stops, result)
+    finally:
+        generation.close()
 
 
 def _open(root: Path, settings: LoadSettings, method: str | None, options: dict) -> tuple:
@@ -237,6 +219,17 @@ def _open(root: Path, settings: LoadSettings, method: str | None, options: dict)
         method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)
     tokenizer = Tokenizer.from_bundle(root, manifest.tokenizer, settings.chat_template)
     return tokenizer, engines, method, settings.history_store()
+
+
+def _check_k(spec, k, engines: Engines) -> int:
+    """``k`` of the method ``spec``, refused (with what to do) where the engines lack what the method needs or ``k``
+    is not a speculation length."""
+    problem = spec.missing(engines.draft is not None, engines.heads)
+    if problem:
+        raise SpecdecError(problem)
+    if spec.speculative and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+        raise SpecdecError(f"k={k!r} is invalid: the speculation length must be an integer >= 1.")
+    return k
 
 
 def _check_method(method: str, manifest: Manifest, root: Path, options: dict) -> None:
@@ -270,4 +263,6 @@ def _method_decoder(
     proposer = spec.build(resources, proposer_options)
     if proposer.branches:  # refused (naming the fixes) where trees are not exact
         decision = decide(verdict, dtype, speculative=True, branches=True, allow_inexact=allow_inexact)
+    if decision.note:
+        log.warning("method %s: %s", spec.name, decision.note) if decision.inexact else log.info("%s", decision.note)
     return decision, engines.decoder(engine, proposer, spec.acceptance(rule_options), k, tokenizer.eos_token_ids)

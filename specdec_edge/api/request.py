@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from specdec_edge.api.streaming import MAX_STOP_CHARS, MAX_STOPS
 from specdec_edge.errors import SpecdecError
+from specdec_edge.speculative.history_store import HistoryStore
 from specdec_edge.tokenizer import Tokenizer
 
 MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this many characters per token of the KV cache cannot fit
@@ -58,6 +59,26 @@ def check_fits(ids: list[int], max_new_tokens: int, capacity: int) -> None:
             f"exceeds the KV cache capacity of {capacity} tokens; shorten the prompt (or the chat "
             "history), lower max_new_tokens, or re-export the bundle with a larger --capacity."
         )
+
+
+def prefix_ids(tokenizer: Tokenizer, prompt, engines) -> list[int]:
+    """The ids of a prefix to save (``Pipeline.save_prefix``): checked as a prompt; chat messages rendered without
+    the assistant's turn start, as they begin a longer conversation."""
+    ids = encode(tokenizer, prompt, engines.capacity)
+    if not isinstance(prompt, str):
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=False)
+        ids = tokenizer.encode(text, add_special_tokens=False) or ids
+    return ids
+
+
+def history_for(history, default: HistoryStore | None) -> HistoryStore | None:
+    """The store a call drafts from: its own ``HistoryStore``, the pipeline's (``default``) for True, none for
+    False; anything else is refused."""
+    if isinstance(history, HistoryStore):
+        return history
+    if isinstance(history, bool):
+        return default if history else None
+    raise SpecdecError(f"history={short(history)} is invalid: use True, False or a HistoryStore.")
 
 
 def check_stops(stop) -> list[str]:
