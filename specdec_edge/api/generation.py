@@ -31,18 +31,17 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Protocol
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.sampling import SamplingParams, make_rng
+from specdec_edge.sampling import make_rng
 from specdec_edge.speculative.loop import Call, Contexts, Emitted, decode
 from specdec_edge.speculative.stats import Stats, add_stats
 
 if TYPE_CHECKING:
     from specdec_edge.runtime.base import Engine
     from specdec_edge.speculative.acceptance import AcceptanceRule
-    from specdec_edge.speculative.history_store import HistoryStore
     from specdec_edge.speculative.proposal import Proposer
 
 LEASE_S = 0.25  # how long a generation keeps the engines between two of its steps
@@ -164,25 +163,18 @@ class Generation:
     """The decode steps of one call: an iterator of ``Emitted`` that takes the engines one step at a
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
-    def __init__(
-        self,
-        decoder: Decoder,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        max_new_tokens: int,
-        stats: Stats,
-        reuse: bool = True,
-        history: HistoryStore | None = None,
-        owner=None,
-    ):
+    def __init__(self, decoder: Decoder, prompt_ids: list[int], call: Call, stats: Stats, owner=None):
+        """``call``: what the call asks (``loop.Call``: its length, sampling, ``reuse``, history store; the
+        decoder's ``k``, eos ids and rule); ``owner``: whose calls it may reuse the context of (the server: the
+        API key's)."""
         self.decoder, self.lease = decoder, decoder.lease
-        self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
-        self.owner = owner  # whose calls it may reuse the context of (the server: the API key's)
+        self.reuse = call.reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
+        self.owner = owner
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
-        self.params, self.left = params, max_new_tokens
-        self.rng = make_rng(params.seed)
+        self.call, self.params, self.left = call, call.params, call.max_new_tokens
+        self.rng = make_rng(call.params.seed)
         self.stats = stats
         self.cancelled = threading.Event()
         self.resumes = 0  # times it went on after another call had used the engines (also in stats.resumes)
@@ -190,7 +182,7 @@ class Generation:
         self._steps = None  # the running ``decode`` generator
         self._earlier: Stats | None = None  # what the runs before the last resume did
         self._run_stats = stats  # what the current run does (the result's own stats until a resume)
-        self.history = history  # the store it drafts from and is added to when it ends (None: none)
+        self.history = call.history  # the store it drafts from and is added to when it ends (None: none)
 
     def __iter__(self) -> Generation:
         return self
@@ -227,7 +219,7 @@ class Generation:
             self._run_stats = Stats()
         if run.engines is not None:
             run.engines.claim(self.owner, self.reuse)  # nothing of another owner's context is reused, restored or timed
-        call = Call(self.left, self.params, run.k, run.eos_ids, run.rule, self.reuse, self.history)
+        call = replace(self.call, max_new_tokens=self.left)  # what is left of it
         self._steps = decode(
             run.engine, run.proposer, self.context, call, rng=self.rng, stats=self._run_stats, contexts=run.engines
         )

@@ -38,6 +38,7 @@ from specdec_edge.runtime.threads import check_threads
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.history import HistoryStore
+from specdec_edge.speculative.loop import Call
 from specdec_edge.speculative.methods import Resources, default_method, get_method
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.tokenizer import Tokenizer
@@ -173,8 +174,9 @@ class Pipeline:
         ids = self.encode(prompt)
         check_fits(ids, max_new_tokens, self.engines.capacity)
         result = GenerationResult("", [], Stats(), None)
-        store = history_for(history, self.history)
-        generation = Generation(self.decoder, ids, params, max_new_tokens, result.stats, bool(reuse), store, owner)
+        d = self.decoder
+        call = Call(max_new_tokens, params, d.k, d.eos_ids, d.rule, bool(reuse), history_for(history, self.history))
+        generation = Generation(d, ids, call, result.stats, owner)
         return Stream(_text(generation, self.tokenizer, stops, result), result, generation.cancel)
 
     def generate(self, prompt: str | list[dict] | Prompt, max_new_tokens: int = 128, **keywords) -> GenerationResult:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import click
 
 from specdec_edge.api.settings import LoadSettings
-from specdec_edge.cli.options import K_OPTION, load_options, settings_options
+from specdec_edge.cli.options import K_OPTION, file_option, load_options, settings_options
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.methods import METHODS, options_help
 
@@ -25,11 +25,9 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     help=f"Comma-separated methods ({', '.join(METHODS)}); plain always runs as the "
     "baseline. Methods the bundle cannot run are skipped with a message.",
 )
-@click.option(
+@file_option(
     "--prompts",
     "prompts_file",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Spec-Bench style JSONL (question_id, category, turns). Default: the packaged Spec-Bench copy.",
 )
 @click.option("--categories", default=None, help="Comma-separated categories (default: all in the file).")
@@ -74,22 +72,14 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "loop, an agent loop; specdec_edge/bench/sessions.py): each turn timed, rows with and without KV reuse and "
     "history; --methods defaults to plain,auto here, --n-per-category is sessions per kind.",
 )
-@click.option(
+@file_option(
     "--json",
     "json_out",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Write the report as JSON (a disk that fills up during the run: an error line; the table on stdout "
     "keeps the results).",
 )
-@click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
-@click.option(
-    "--plot",
-    "plot_out",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write a PNG bar chart of speedups (needs matplotlib).",
-)
+@file_option("--md", "md_out", help="Write the Markdown table.")
+@file_option("--plot", "plot_out", help="Write a PNG bar chart of speedups (needs matplotlib).")
 def bench(
     settings: LoadSettings,
     bundle,

@@ -21,6 +21,11 @@ K_OPTION = click.option(
 )
 
 
+def file_option(*decls: str, help: str):
+    """An option naming a file (not a folder), None when not given: --prompts, --json, --chat-template, ..."""
+    return click.option(*decls, type=click.Path(dir_okay=False), default=None, help=help)
+
+
 def load_options(threads_default: int | None = None) -> list:
     """The click options of ``LoadSettings`` that every command that loads a pipeline has (`chat`, `generate`,
     `serve`, `bench`): --threads, --spinning, --allow-inexact, --provider."""

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 import click
 
 from specdec_edge.api.settings import LoadSettings
-from specdec_edge.cli.options import K_OPTION, load_options, parse_options, settings_options
+from specdec_edge.cli.options import K_OPTION, file_option, load_options, parse_options, settings_options
 from specdec_edge.errors import SpecdecError
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, MAX_HISTORY_MB
@@ -186,11 +186,9 @@ def stats_line(stats) -> str:
 @generation_options
 @history_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
-@click.option(
+@file_option(
     "--chat-template",
     "template_file",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
     "Without one, a base model's bundle (no template) runs as a completion REPL.",
 )
