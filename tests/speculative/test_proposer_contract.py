@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.tree import depths, path_to
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.history import HistoryStore
@@ -21,21 +22,17 @@ from specdec_edge.speculative.loop import prefill, verify
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.proposal import Proposal
 
-# method -> the bundle fixture that can run it (a new method must be added here: the registry is checked below)
-BUNDLE = {
-    "plain": "tiny_bundle",
-    "auto": "heads_bundle",
-    "draft": "tiny_bundle",
-    "pld": "tiny_bundle",
-    "history": "tiny_bundle",
-    "lookahead": "tiny_bundle",
-    "eagle": "heads_bundle",
-    "medusa": "heads_bundle",
-    "medusa-typical": "heads_bundle",
-    "pld-eagle": "heads_bundle",
-    "eagle3": "eagle3_bundle",
-    "pld-eagle3": "eagle3_bundle",
-}
+
+def bundle_fixture(method: str) -> str:
+    """The bundle fixture that runs ``method``, from what the registry says it needs: the EAGLE-3 bundle, the one with
+    EAGLE and Medusa heads (also for ``auto``, which then has every candidate), else the one with a draft model."""
+    needs = set(METHODS[method].needs)
+    if "eagle3" in needs:
+        return "eagle3_bundle"
+    return "heads_bundle" if needs & {"eagle", "medusa"} or method == "auto" else "tiny_bundle"
+
+
+BUNDLE = {name: bundle_fixture(name) for name in METHODS}  # every registered method
 # Proposers whose proposals depend on more than the context: lookahead's Jacobi window and n-gram pool
 # remember what earlier steps guessed.
 HISTORY_DEPENDENT = {"lookahead", "auto"}  # auto: its choices follow what it has measured and learned
@@ -46,8 +43,10 @@ PATTERNS = [(9, True), (0, True), (2, True), (1, False), (9, True), (3, True), (
 K = 4
 
 
-def test_every_registered_method_is_covered():
-    assert set(BUNDLE) == set(METHODS)
+def test_every_registered_method_has_a_bundle_that_runs_it(request):
+    for name, fixture in BUNDLE.items():
+        manifest = read_manifest(request.getfixturevalue(fixture))
+        assert METHODS[name].missing(manifest.draft is not None, list(manifest.heads)) is None, (name, fixture)
 
 
 def check_well_formed(proposal: Proposal, k: int, vocab: int, greedy: bool, max_depth: int) -> None:
