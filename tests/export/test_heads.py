@@ -167,10 +167,10 @@ def test_manifest_records_heads(heads_bundle, plain):
 
 
 def test_pipeline_uses_the_recorded_tree_settings_unless_told_otherwise(plain):
-    eagle = plain.with_method("eagle").proposer
+    eagle = plain.with_method("eagle").decoder.proposer
     assert (eagle.topk, eagle.nodes, eagle.depth) == tuple(RECIPES["eagle"].tree[k] for k in ("topk", "nodes", "depth"))
-    assert plain.with_method("eagle", nodes=9).proposer.nodes == 9
-    medusa = plain.with_method("medusa").proposer
+    assert plain.with_method("eagle", nodes=9).decoder.proposer.nodes == 9
+    medusa = plain.with_method("medusa").decoder.proposer
     assert medusa.paths == [tuple(p) for p in RECIPES["medusa"].tree["tree"]]
 
 
@@ -360,7 +360,7 @@ def test_errors_say_what_to_do(tiny_bundle, plain):
         plain.with_method("medusa", tree=[(0, 1)])
     with pytest.raises(SpecdecError, match="topk"):
         plain.with_method("eagle", topk=99)
-    assert isinstance(plain.with_method("medusa").proposer, MedusaProposer)
+    assert isinstance(plain.with_method("medusa").decoder.proposer, MedusaProposer)
 
 
 def test_heads_pipeline_without_heavy_imports(heads_bundle):
