@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from specdec_edge.sampling import SamplingParams
-from specdec_edge.speculative.history import HistoryProposer, HistorySlot, HistoryStore
+from specdec_edge.speculative.history import HistoryProposer, HistoryStore
 
 
 def timed(fn, steps: int) -> tuple[float, float]:
@@ -58,8 +58,8 @@ def main() -> None:
     for name, contexts in (("hit", hits), ("miss", misses)):
         med, p99 = timed(lambda i, c=contexts: store.lookup(c[i % len(c)], 8), args.steps)
         print(f"lookup, {name}: {med:.1f} us median, {p99:.1f} us p99")
-    proposer = HistoryProposer(HistorySlot(store))
-    proposer.prefill(hits[0], SamplingParams(), rng)
+    proposer = HistoryProposer()
+    proposer.prefill(hits[0], SamplingParams(), rng, history=store)
     med, p99 = timed(lambda i: proposer.propose(hits[i % len(hits)], 8), args.steps)
     print(f"HistoryProposer.propose, hit: {med:.1f} us median, {p99:.1f} us p99")
     assert all(len(store.lookup(h, 8)[0]) for h in hits[-10:]), "recent streams must be found"

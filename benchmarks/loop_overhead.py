@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     pipe = Pipeline.load(args.bundle, method=args.method, k=args.k, threads=args.threads, history=False)
     inside = [0.0]
-    for engine in filter(None, (pipe.target, pipe.draft)):
+    for engine in filter(None, (pipe.engines.target, pipe.engines.draft)):
         timed(engine.session, inside)
     rows = [
         json.loads(x)

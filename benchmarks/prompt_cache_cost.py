@@ -27,7 +27,7 @@ for _ in range(3):
     assert r.stats.restored_tokens > 0, r.stats
     restores.append((r.stats.prefill_s, r.stats.restored_tokens))
 out["restore_call_prefill_ms_per_1000"] = statistics.median(1e6 * s / n for s, n in restores)
-t = pipe.target
+t = pipe.engines.target
 n = t.length
 times = []
 for _ in range(5):

@@ -99,7 +99,7 @@ def schedule(calls: int, methods: list[str], prompts: int, max_new_tokens: int, 
 def run_call(call: Call, pipe: Pipeline, messages: list[dict], rng: random.Random) -> None:
     """Make one call; fill in what it produced (``call.error`` for an exception)."""
     if call.kind == "bad":
-        too_long = pipe.capacity + 1
+        too_long = pipe.engines.capacity + 1
         try:
             if call.index % 2:
                 pipe.generate(messages, max_new_tokens=too_long)
@@ -148,7 +148,7 @@ def run_soak(
     start = time.perf_counter()
     base = Pipeline.load(bundle, method="plain", threads=ort_threads)
     pipes, skipped = {}, {}
-    for name in available_methods(base.draft is not None, base.heads):
+    for name in available_methods(base.engines.draft is not None, base.engines.heads):
         try:
             pipes[name] = base.with_method(name)
         except SpecdecError as e:  # e.g. a tree method on a quantized bundle

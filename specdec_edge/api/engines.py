@@ -17,19 +17,32 @@ from dataclasses import replace
 from pathlib import Path
 
 from specdec_edge.api.generation import Decoder, EngineLease
-from specdec_edge.api.prompt_cache import DEFAULT_MB, PromptCache
+from specdec_edge.api.prompt_cache import (
+    DEFAULT_MB,
+    MIN_GAIN,
+    MIN_TOKENS,
+    PromptCache,
+    Snapshot,
+    decode_file,
+    encode,
+    prefix_digest,
+    snapshot_problem,
+)
 from specdec_edge.api.step_costs import CostKey, device_costs
+from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.bundle.schema import Manifest
+from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import Verdict, recorded_verdict
 from specdec_edge.progress import Progress
-from specdec_edge.runtime.base import DEFAULT_GPU, Engine, GpuOptions
+from specdec_edge.runtime.base import DEFAULT_GPU, Engine, GpuOptions, common_prefix, prefill
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.speculative.costs import CostModel
+from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.table import NgramTable
 
@@ -86,19 +99,117 @@ class Engines:
         restores and times nothing of another owner's text (the server's owners are its API keys)."""
         if owner == self.owner:
             return
-        if keep and self.prompt_cache is not None:
-            self.prompt_cache.keep_if_worth(self)  # tagged with the owner it belongs to
+        if keep:
+            self.keep()  # tagged with the owner it belongs to
         for engine in {self.target, self.draft, *(d.engine for d in self._decoders)} - {None}:
             engine.reset()
         self.owner = owner
 
     def decoder(self, engine: Engine, proposer: Proposer, rule, k: int, eos_ids) -> Decoder:
         """A method's ``Decoder`` over these engines (freed with them)."""
-        cache = self.prompt_cache
-        prepare = None if cache is None else (lambda context: cache.prepare(self, engine, context))
-        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease, prepare, claim=self.claim)
+        decoder = Decoder(engine, proposer, rule, k, eos_ids, self.lease, self)
         self._decoders.add(decoder)
         return decoder
+
+    # ---- the prompt cache: snapshots of contexts, taken and restored here, kept in ``prompt_cache``
+
+    def capture(self, tap: FeatureTap | None = None) -> Snapshot:
+        """What the engines hold now: the target's slots, the features of a tap that holds all of them (``tap``, else
+        any tap over the target among the decoders), the draft's slots; tagged with their owner."""
+        target, draft = self.target, self.draft
+        tokens = list(target.held)
+        snap = Snapshot(tokens, target.snapshot(), owner=self.owner)
+        taps = [tap] if tap is not None else [d.engine for d in self._decoders if isinstance(d.engine, FeatureTap)]
+        for t in taps:
+            if t.engine is target and t.reusable(tokens) == len(tokens):
+                snap.features, snap.layer_features = t.snapshot_features()
+                break
+        if draft is not None and draft.can_snapshot and draft.held:
+            snap.draft_tokens, snap.draft_kv = list(draft.held), draft.snapshot()
+        return snap
+
+    def restore(self, snap: Snapshot, n: int, want: list[int], tap: FeatureTap | None = None) -> None:
+        """Make the engines hold the first ``n`` tokens of ``snap`` (they start ``want``), copying only the slots the
+        live caches do not hold already; the draft's too, where the snapshot has more of ``want`` than it."""
+        target, draft = self.target, self.draft
+        tokens = snap.tokens[:n]
+        start = target.reusable(tokens)
+        target.restore(snap.kv, tokens, start)
+        if tap is not None and snap.features is not None:
+            tap.restore_features(snap.features, snap.layer_features, tokens, min(start, tap.reusable(tokens)))
+        if draft is not None and draft.can_snapshot and snap.draft_kv is not None:
+            d = common_prefix(snap.draft_tokens, want)
+            live = draft.reusable(want)
+            if d > live:
+                draft.restore(snap.draft_kv, snap.draft_tokens[:d], live)
+
+    def keep(self) -> None:
+        """Store what the engines hold now in the prompt cache (their owner's), unless it is shorter than
+        ``MIN_TOKENS`` (it prefills in a pass or two) or a stored snapshot of that owner covers it."""
+        cache, held = self.prompt_cache, self.target.held
+        if cache is None or cache.limit <= 0 or not self.target.can_snapshot or held is None or len(held) < MIN_TOKENS:
+            return
+        snap = self.capture()
+        if not cache.covered(snap):
+            cache.put(snap)
+
+    def restore_best(self, engine: Engine, context: list[int]) -> int:
+        """Before a call that reuses (``decode`` asks, under the call's lease): keep what the target holds if the
+        call would lose it, then restore the owner's stored context that shares the most with ``context`` where it
+        keeps at least ``MIN_GAIN`` tokens more than the live cache. ``engine``: the one the call's loop drives (the
+        target or a feature tap over it). Returns the tokens restored (0: none)."""
+        cache, target = self.prompt_cache, self.target
+        if cache is None or cache.limit <= 0 or not target.can_snapshot:
+            return 0
+        want = context[:-1]
+        tap = engine if isinstance(engine, FeatureTap) else None
+        # chosen first: keeping the live one may evict it; only the caller's own (``claim`` set the owner)
+        snap, n = cache.best(want, features=tap is not None, owner=self.owner)
+        if target.reusable(want) < len(target.held or ()):
+            self.keep()
+        live = engine.reusable(want)
+        if snap is None or n < live + MIN_GAIN:
+            return 0
+        self.restore(snap, n, want, tap)
+        cache.restored += 1
+        return n - live
+
+    def save_prefix(self, engine: Engine, ids: list[int], path: str | Path) -> Path:
+        """Prefill ``ids`` (reusing what the caches hold) through ``engine`` (the target or a feature tap, whose
+        features are saved too) and the draft, and write their snapshot to ``path`` atomically."""
+        digest = prefix_digest(self)
+        if not self.target.can_snapshot:
+            raise SpecdecError(
+                f"prefix files need KV snapshots, which {type(self.target).__name__} does not take; use provider "
+                "cpu, cuda or tensorrt."
+            )
+        with self.lease.holding():
+            self.claim(None)  # the API's own context (a server's owners' are set aside for them)
+            prefill(engine, ids, kept=engine.reusable(ids))
+            if self.draft is not None:
+                prefill(self.draft, ids, kept=self.draft.reusable(ids))
+            snap = self.capture(engine if isinstance(engine, FeatureTap) else None)
+        write_atomic(path, encode(snap, digest))
+        return Path(path)
+
+    def load_prefix(self, engine: Engine, path: str | Path) -> int:
+        """Read a prefix file (refused if it is for another bundle, or damaged), store it in the prompt cache (where
+        there is one) and make the engines hold it now. Returns its token count."""
+        snap = decode_file(Path(path), prefix_digest(self), self.target.vocab_size)
+        if problem := snapshot_problem(self, snap):  # every array, before anything is restored or stored
+            raise SpecdecError(
+                f"prefix file {path} does not fit these engines ({problem}); save it again with Pipeline.save_prefix."
+            )
+        if self.draft is None:  # engines without the bundle's draft: its slots are of no use here
+            snap.draft_tokens = snap.draft_kv = None
+        with self.lease.holding():
+            self.claim(None)
+            if self.target.reusable(snap.tokens) < len(self.target.held or ()):
+                self.keep()  # what the engines hold now is overwritten next
+            self.restore(snap, len(snap.tokens), snap.tokens, engine if isinstance(engine, FeatureTap) else None)
+            if self.prompt_cache is not None:
+                self.prompt_cache.put(snap)
+        return len(snap.tokens)
 
     def decoders(self) -> list[Decoder]:
         """The decoders built over these engines (every method's that is still in use)."""
@@ -114,7 +225,7 @@ class Engines:
         self.target = self.draft = self.prompt_cache = None
         self.heads = {}
         for decoder in list(self._decoders):
-            decoder.engine = decoder.proposer = decoder.prepare = decoder.claim = None  # they hold the engines too
+            decoder.engine = decoder.proposer = decoder.engines = None  # they hold the engines too
 
 
 def open_engines(

@@ -29,20 +29,19 @@ import collections
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Protocol
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.sampling import SamplingParams, make_rng
-from specdec_edge.speculative.loop import Emitted, decode
+from specdec_edge.sampling import make_rng
+from specdec_edge.speculative.loop import Call, Contexts, Emitted, decode
 from specdec_edge.speculative.stats import Stats, add_stats
 
 if TYPE_CHECKING:
     from specdec_edge.runtime.base import Engine
     from specdec_edge.speculative.acceptance import AcceptanceRule
-    from specdec_edge.speculative.history import HistorySlot, HistoryStore
     from specdec_edge.speculative.proposal import Proposer
 
 LEASE_S = 0.25  # how long a generation keeps the engines between two of its steps
@@ -142,7 +141,7 @@ class Decoder:
     """What one method's calls decode with (``engines.Engines.decoder`` builds it): the engine the loop
     drives (the target, or a feature tap over it), the method's proposer and acceptance rule, the
     speculation length, the eos ids, and the lease on the engines it shares with the other methods.
-    Closing the engines sets ``engine``, ``proposer`` and ``prepare`` to None."""
+    Closing the engines sets ``engine``, ``proposer`` and ``engines`` to None."""
 
     engine: Engine | None
     proposer: Proposer | None
@@ -150,34 +149,32 @@ class Decoder:
     k: int
     eos_ids: frozenset
     lease: EngineLease
-    prepare: Callable | None = None  # (context) -> tokens restored from the prompt cache before a reusing call
-    history_slot: HistorySlot | None = None  # the store this method's proposers draft from, set per call
-    claim: Callable | None = None  # (owner): the caches set to hold nothing of another owner's (``Engines.claim``)
+    engines: SharedEngines | None = None  # what a call asks before it decodes (``engines.Engines``)
+
+
+class SharedEngines(Contexts, Protocol):
+    """What a generation asks of the engines it shares (``engines.Engines``): ``claim`` sets the caches to hold
+    nothing of another owner's context; ``restore_best`` (``loop.Contexts``) restores a stored context."""
+
+    def claim(self, owner, keep: bool = True) -> None: ...
 
 
 class Generation:
     """The decode steps of one call: an iterator of ``Emitted`` that takes the engines one step at a
     time (see the module docstring). ``stats`` (the result's) stays current after every step."""
 
-    def __init__(
-        self,
-        decoder: Decoder,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        max_new_tokens: int,
-        stats: Stats,
-        reuse: bool = True,
-        history: HistoryStore | None = None,
-        owner=None,
-    ):
+    def __init__(self, decoder: Decoder, prompt_ids: list[int], call: Call, stats: Stats, owner=None):
+        """``call``: what the call asks (``loop.Call``: its length, sampling, ``reuse``, history store; the
+        decoder's ``k``, eos ids and rule); ``owner``: whose calls it may reuse the context of (the server: the
+        API key's)."""
         self.decoder, self.lease = decoder, decoder.lease
-        self.reuse = reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
-        self.owner = owner  # whose calls it may reuse the context of (the server: the API key's)
+        self.reuse = call.reuse  # keep the prefix the caches hold from earlier calls (``decode``'s reuse)
+        self.owner = owner
         self.id = self.lease.new_id()
         self.context = [int(t) for t in prompt_ids]  # prompt + every token emitted so far
         self.prompt_tokens = len(self.context)
-        self.params, self.left = params, max_new_tokens
-        self.rng = make_rng(params.seed)
+        self.call, self.params, self.left = call, call.params, call.max_new_tokens
+        self.rng = make_rng(call.params.seed)
         self.stats = stats
         self.cancelled = threading.Event()
         self.resumes = 0  # times it went on after another call had used the engines (also in stats.resumes)
@@ -185,7 +182,7 @@ class Generation:
         self._steps = None  # the running ``decode`` generator
         self._earlier: Stats | None = None  # what the runs before the last resume did
         self._run_stats = stats  # what the current run does (the result's own stats until a resume)
-        self.history = history  # the store it drafts from and is added to when it ends (None: none)
+        self.history = call.history  # the store it drafts from and is added to when it ends (None: none)
 
     def __iter__(self) -> Generation:
         return self
@@ -220,25 +217,13 @@ class Generation:
             self.resumes += 1
             self._earlier = add_stats(self._earlier or Stats(), self._run_stats)
             self._run_stats = Stats()
-        if run.claim is not None:
-            run.claim(self.owner, self.reuse)  # nothing of another owner's context is reused, restored or timed
+        if run.engines is not None:
+            run.engines.claim(self.owner, self.reuse)  # nothing of another owner's context is reused, restored or timed
+        call = replace(self.call, max_new_tokens=self.left)  # what is left of it
         self._steps = decode(
-            run.engine,
-            run.proposer,
-            self.context,
-            max_new_tokens=self.left,
-            params=self.params,
-            k=run.k,
-            eos_ids=run.eos_ids,
-            rng=self.rng,
-            stats=self._run_stats,
-            rule=run.rule,
-            reuse=self.reuse,
-            prepare=run.prepare,
+            run.engine, run.proposer, self.context, call, rng=self.rng, stats=self._run_stats, contexts=run.engines
         )
         self.lease.cached = self.id
-        if run.history_slot is not None:
-            run.history_slot.store = self.history  # what its proposers draft from
 
     def _publish(self) -> None:
         if self._earlier is None:  # one run so far: decode wrote into the result's stats itself

@@ -4,8 +4,9 @@ One set of engines holds one context (KV prefix reuse: ``decode(reuse=True)`` ke
 with the last one). A server with several conversations, or an app that switches between documents, would still
 prefill again at every switch. ``PromptCache`` keeps host copies of the contexts a call is about to overwrite --
 the used prefix of every layer's K/V (target and draft) and the target's features where a method reads them
-(``FeatureTap``), not the whole capacity -- in an LRU store of at most ``limit`` bytes. Before a call that reuses
-(``prepare``, from ``decode``'s prefill, under the call's lease on the engines):
+(``FeatureTap``), not the whole capacity -- in an LRU store of at most ``limit`` bytes: a plain store of typed
+snapshots. Capturing and restoring are the engines' (``Engines.capture``/``restore``); before a call that reuses,
+``decode`` asks them (``Engines.restore_best``, under the call's lease on the engines):
 
 1. if the call keeps less than the target holds, the held context is snapshotted (unless a stored snapshot
    covers it already);
@@ -19,10 +20,10 @@ slots to the host (``Engine.can_snapshot``): the ``cpu`` backend, and ONNX Runti
 tiny graphs move only the used slots, ``ort_gpu_engine``); with the ``trt``/``trt-rtx`` engines the store stays
 empty and reuse keeps the live context only.
 
-``save_prefix``/``load_prefix``: one snapshot in a file, keyed by the bundle's manifest digest and the token ids:
-a magic line, a JSON header (format, digest, tokens, each array's dtype, shape and sha256) and the raw arrays.
-Nothing in it is executed (no pickle); a file for another bundle, or damaged, is refused with the fix. Written
-atomically. Light: numpy only.
+Prefix files (``Engines.save_prefix``/``load_prefix``; ``encode``/``decode_file`` here): one snapshot in a file,
+keyed by the bundle's manifest digest and the token ids: a magic line, a JSON header (format, digest, tokens, each
+array's dtype, shape and sha256) and the raw arrays. Nothing in it is executed (no pickle); a file for another
+bundle, or damaged, is refused with the fix. Written atomically. Light: numpy only.
 """
 
 from __future__ import annotations
@@ -37,10 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import common_prefix, prefill
-from specdec_edge.speculative.features import FeatureTap
+from specdec_edge.runtime.base import common_prefix
 
 DEFAULT_MB = 256  # Pipeline.load's and serve's default limit
 MIN_TOKENS = 32  # shorter contexts are not worth a snapshot: prefilling them is a pass or two
@@ -130,38 +129,9 @@ class PromptCache:
         self._store.move_to_end(found)
         return self._store[found], longest
 
-    def prepare(self, engines, engine, context) -> int:
-        """Before a call that reuses (module docstring): keep what the target holds if the call would lose it, then
-        restore the best snapshot where it beats the live cache. ``engine``: the one the call's loop drives (the
-        target or a feature tap over it). Returns the tokens restored (0: none)."""
-        target = engines.target
-        if self.limit <= 0 or not target.can_snapshot:
-            return 0
-        want = context[:-1]
-        tap = engine if isinstance(engine, FeatureTap) else None
-        # chosen first: keeping the live one may evict it; only the caller's own (``Engines.claim`` set the owner)
-        snap, n = self.best(want, features=tap is not None, owner=engines.owner)
-        if target.reusable(want) < len(target.held or ()):
-            self.keep_if_worth(engines)
-        live = engine.reusable(want)
-        if snap is None or n < live + MIN_GAIN:
-            return 0
-        restore(engines, tap, snap, n, want)
-        self.restored += 1
-        return n - live
-
-    def keep(self, engines) -> None:
-        """Snapshot what the engines hold now (their owner's), unless a stored snapshot of that owner covers it."""
-        snap = capture(engines)
-        if any(old.owner == snap.owner and _covers(old, snap) for old in self._store.values()):
-            return
-        self.put(snap)
-
-    def keep_if_worth(self, engines) -> None:
-        """``keep``, where the engines hold at least ``MIN_TOKENS`` (shorter contexts prefill in a pass or two)."""
-        held = engines.target.held
-        if self.limit > 0 and engines.target.can_snapshot and held is not None and len(held) >= MIN_TOKENS:
-            self.keep(engines)
+    def covered(self, snap: Snapshot) -> bool:
+        """A stored snapshot of the same owner holds everything ``snap`` does."""
+        return any(old.owner == snap.owner and _covers(old, snap) for old in self._store.values())
 
 
 def _covers(a: Snapshot, b: Snapshot) -> bool:
@@ -176,83 +146,10 @@ def _covers(a: Snapshot, b: Snapshot) -> bool:
     return True
 
 
-def capture(engines, tap: FeatureTap | None = None) -> Snapshot:
-    """What the engines hold now: the target's slots, the features of a tap that holds all of them (``tap``, else
-    any tap over the target among the engines' decoders), the draft's slots."""
-    target, draft = engines.target, engines.draft
-    tokens = list(target.held)
-    snap = Snapshot(tokens, target.snapshot(), owner=engines.owner)
-    taps = [tap] if tap is not None else [d.engine for d in engines.decoders() if isinstance(d.engine, FeatureTap)]
-    for t in taps:
-        if t.engine is target and t.reusable(tokens) == len(tokens):
-            snap.features, snap.layer_features = t.snapshot_features()
-            break
-    if draft is not None and draft.can_snapshot and draft.held:
-        snap.draft_tokens, snap.draft_kv = list(draft.held), draft.snapshot()
-    return snap
-
-
-def restore(engines, tap: FeatureTap | None, snap: Snapshot, n: int, want) -> None:
-    """Make the engines hold the first ``n`` tokens of ``snap`` (they start ``want``), copying only the slots the
-    live caches do not hold already; the draft's slots too, where the snapshot has more of ``want`` than it."""
-    target = engines.target
-    tokens = snap.tokens[:n]
-    start = target.reusable(tokens)
-    target.restore(snap.kv, tokens, start)
-    if tap is not None and snap.features is not None:
-        tap.restore_features(snap.features, snap.layer_features, tokens, min(start, tap.reusable(tokens)))
-    draft = engines.draft
-    if draft is not None and draft.can_snapshot and snap.draft_kv is not None:
-        d = common_prefix(snap.draft_tokens, want)
-        live = draft.reusable(want)
-        if d > live:
-            draft.restore(snap.draft_kv, snap.draft_tokens[:d], live)
-
-
 # ---- prefix files
 
 
-def save_prefix(engines, engine, ids: list[int], path: str | Path) -> Path:
-    """Prefill ``ids`` (reusing what the caches hold) through ``engine`` (the target or a feature tap, whose
-    features are saved too) and the draft, and write their snapshot to ``path`` atomically."""
-    digest = _prefix_digest(engines)
-    if not engines.target.can_snapshot:
-        raise SpecdecError(
-            f"prefix files need KV snapshots, which {type(engines.target).__name__} does not take; use provider cpu, "
-            "cuda or tensorrt."
-        )
-    with engines.lease.holding():
-        engines.claim(None)  # the API's own context (a server's owners' are set aside for them)
-        prefill(engine, ids, kept=engine.reusable(ids))
-        if engines.draft is not None:
-            prefill(engines.draft, ids, kept=engines.draft.reusable(ids))
-        snap = capture(engines, engine if isinstance(engine, FeatureTap) else None)
-    write_atomic(path, encode(snap, digest))
-    return Path(path)
-
-
-def load_prefix(engines, engine, path: str | Path) -> int:
-    """Read a prefix file (refused if it is for another bundle, or damaged), store it in the prompt cache (where
-    there is one) and make the engines hold it now. Returns its token count."""
-    snap = decode_file(Path(path), _prefix_digest(engines), engines.target.vocab_size)
-    cache = engines.prompt_cache
-    tap = engine if isinstance(engine, FeatureTap) else None
-    if problem := snapshot_problem(engines, snap):  # every array, before anything is restored or stored
-        raise SpecdecError(f"prefix file {path} does not fit these engines ({problem}); save it again with "
-                           "Pipeline.save_prefix.")  # fmt: skip
-    if engines.draft is None:  # engines without the bundle's draft: its slots are of no use here
-        snap.draft_tokens = snap.draft_kv = None
-    with engines.lease.holding():
-        engines.claim(None)
-        if cache is not None and engines.target.reusable(snap.tokens) < len(engines.target.held or ()):
-            cache.keep_if_worth(engines)  # what the engines hold now is overwritten next
-        restore(engines, tap, snap, len(snap.tokens), snap.tokens)
-        if cache is not None:
-            cache.put(snap)
-    return len(snap.tokens)
-
-
-def _prefix_digest(engines) -> str:
+def prefix_digest(engines) -> str:
     """The bundle digest prefix files of ``engines`` are keyed by; engines opened by hand have none."""
     if engines.digest is None:
         raise SpecdecError(

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tqdm import tqdm
 
-from specdec_edge.bench.spec_bench import load_prompts, model_name, plot_bars, versions
+from specdec_edge.bench.spec_bench import BenchSettings, load_prompts, model_name, plot_bars, versions
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, HistoryStore
 from specdec_edge.speculative.methods import METHODS
@@ -207,20 +207,22 @@ def run_sessions(
     pipeline,
     methods: list[str],
     sessions: list[Session],
+    settings: BenchSettings | None = None,
     *,
     modes: list[str] | None = None,
-    max_new_tokens: int = 128,
     meta: dict | None = None,
     progress: bool = True,
-    k: int | None = None,
-    options: dict | None = None,
     requests: dict | None = None,
+    **keywords,
 ) -> dict:
-    """Every row (method x mode) on every session, the reference first on each; the report. ``k`` and
-    ``options`` (method -> its options, as ``run_bench`` takes them) apply to every method's pipeline;
+    """Every row (method x mode) on every session, the reference first on each; the report. Of ``settings``
+    (``BenchSettings``, or its fields as ``keywords``), ``max_new_tokens``, ``k`` and ``options`` (method -> its
+    options, as ``run_bench`` takes them) apply, to every method's pipeline;
     ``requests`` (session name -> the requests of each turn, e.g. an earlier report's ``requests``) makes every
     row, the reference too, send those instead of building the conversation from the reference's answers (the
     same prompts on another bundle). The report's ``requests`` holds what each session's rows sent."""
+    s = replace(settings or BenchSettings(), **keywords)
+    max_new_tokens, k, options = s.max_new_tokens, s.k, s.options
     if not pipeline.tokenizer.has_chat_template:
         raise SpecdecError("--sessions needs a bundle with a chat template (sessions are conversations).")
     modes = list(modes or ["none", "reuse", "reuse+history"])

@@ -24,7 +24,7 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -132,22 +132,33 @@ def check_methods(methods: list[str]) -> list[str]:
     return list(dict.fromkeys(["plain", *methods]))
 
 
+@dataclass(frozen=True)
+class BenchSettings:
+    """How ``run_bench`` runs the methods (`bench`'s options).
+
+    ``options`` maps a method to its proposer options (e.g. ``{"lookahead": {"window": 5}}``). ``temperature`` > 0
+    samples (every call with ``seed``): outputs are then not comparable token by token, so
+    ``identical_output_rate`` is None; speeds and acceptance still are. ``allow_inexact``: run what the device's
+    exactness verdict refuses, marked. ``reuse``: a prompt's second turn keeps the KV cache of its first
+    (``Pipeline.generate``'s reuse), for every method alike; first turns start afresh, as by default every call does
+    here (the report's ``reused_tokens`` and ``prefilled_tokens`` count what was kept and computed).
+    """
+
+    k: int | None = None
+    max_new_tokens: int = 128
+    options: dict | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    allow_inexact: bool = False
+    reuse: bool = False
+
+
 def run_bench(
-    pipeline,
-    methods: list[str],
-    prompts: list[BenchPrompt],
-    *,
-    k: int | None = None,
-    max_new_tokens: int = 128,
-    meta: dict | None = None,
-    progress: bool = True,
-    options: dict | None = None,
-    temperature: float = 0.0,
-    seed: int = 0,
-    allow_inexact: bool = False,
-    reuse: bool = False,
-) -> dict:
-    """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``).
+    pipeline, methods: list[str], prompts: list[BenchPrompt], settings: BenchSettings | None = None, *,
+    meta: dict | None = None, progress: bool = True, **keywords,
+) -> dict:  # fmt: skip
+    """Run plain and every method on every prompt, interleaved; return the report (see ``KEYS``). ``settings``
+    (``BenchSettings``), or its fields as ``keywords``, say how.
 
     Every method is loaded as ``chat``, ``generate`` and ``serve`` load it (``exactness.py``): a method that the
     device's exactness verdict refuses is skipped with the reason, unless ``allow_inexact``; methods that then
@@ -155,30 +166,52 @@ def run_bench(
 
     Methods the pipeline cannot run (e.g. "draft" without a draft model) are listed under
     ``skipped_methods`` with the reason, prompts too long for the KV cache under ``skipped_prompts``.
-    ``options`` maps a method to its proposer options (e.g. ``{"lookahead": {"window": 5}}``).
-    ``temperature`` > 0 samples (every call with ``seed``): outputs are then not comparable token
-    by token, so ``identical_output_rate`` is None; speeds and acceptance still are. Lossy methods
-    (the registry's ``Method.lossy``) are listed under ``meta["lossy_methods"]`` and marked "(lossy)".
-    ``reuse``: a prompt's second turn keeps the KV cache of its first (``Pipeline.generate``'s reuse), for every
-    method alike; first turns start afresh, as by default every call does here (the report's
-    ``reused_tokens`` and ``prefilled_tokens`` count what was kept and computed).
+    Lossy methods (the registry's ``Method.lossy``) are listed under ``meta["lossy_methods"]`` and marked "(lossy)".
     """
-    gen = {"temperature": temperature, "seed": seed}
+    s = replace(settings or BenchSettings(), **keywords)
     pipes, skipped = {}, {}
     for m in check_methods(methods):
         try:
-            pipes[m] = pipeline.with_method(m, k=k, allow_inexact=allow_inexact, **(options or {}).get(m, {}))
+            pipes[m] = pipeline.with_method(m, k=s.k, allow_inexact=s.allow_inexact, **(s.options or {}).get(m, {}))
         except SpecdecError as e:
             skipped[m] = str(e)
     as_text = not pipeline.tokenizer.has_chat_template
     _warm_up(pipes, as_text)
-    costs = next((p.proposer.costs for p in pipes.values() if hasattr(p.proposer, "costs")), None)  # auto's
+    runs, skipped_prompts, divergences = _run_prompts(pipes, prompts, s, as_text, progress)
+    if not runs["plain"]:
+        first = skipped_prompts[0]["reason"] if skipped_prompts else "no prompts were given"
+        raise SpecdecError(f"no prompt could run ({first}); give other prompts or categories.")
+    cats = list(dict.fromkeys(p.category for p in prompts))
+    groups = {c: [i for i, p in enumerate(prompts) if p.category == c and i in runs["plain"]] for c in cats}
+    groups = {c: ids for c, ids in groups.items() if ids}
+    groups[OVERALL] = sorted(runs["plain"])
+    results = {
+        m: {
+            c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids], s.temperature == 0)
+            for c, ids in groups.items()
+        }
+        for m in pipes
+    }
+    info = _meta(pipeline, pipes, s, as_text, {c: len(ids) for c, ids in groups.items() if c != OVERALL}, meta)
+    return {
+        "meta": info,
+        "results": results,
+        "skipped_methods": skipped,
+        "skipped_prompts": skipped_prompts,
+        "divergences": divergences,
+    }
+
+
+def _run_prompts(pipes: dict, prompts: list[BenchPrompt], s: BenchSettings, as_text: bool, progress: bool) -> tuple:
+    """Plain, then every method, on each prompt: the runs (method -> prompt index -> ``Run``), the prompts skipped
+    (with the reason) and the greedy divergences from plain."""
+    gen = {"temperature": s.temperature, "seed": s.seed}
     runs: dict[str, dict] = {m: {} for m in pipes}  # method -> prompt index -> Run
     skipped_prompts, divergences = [], []
     bar = tqdm(total=len(prompts) * len(pipes), desc="bench", unit="gen", file=sys.stderr, disable=not progress)
     for i, prompt in enumerate(prompts):
         try:
-            plain, inputs = _run_plain(pipes["plain"], prompt, max_new_tokens, gen, as_text, reuse)
+            plain, inputs = _run_plain(pipes["plain"], prompt, s.max_new_tokens, gen, as_text, s.reuse)
         except SpecdecError as e:
             skipped_prompts.append({"question_id": prompt.question_id, "category": prompt.category, "reason": str(e)})
             bar.update(len(pipes))
@@ -190,50 +223,37 @@ def run_bench(
                 continue
             run = Run([])
             for turn, request in enumerate(inputs):
-                run.add(*_timed(pipe, request, max_new_tokens, {**gen, "reuse": reuse and turn > 0}))
+                run.add(*_timed(pipe, request, s.max_new_tokens, {**gen, "reuse": s.reuse and turn > 0}))
             runs[m][i] = run
-            if temperature == 0:
+            if s.temperature == 0:
                 divergences += _divergences(m, prompt, plain, run)
             bar.update()
     bar.close()
-    if not runs["plain"]:
-        first = skipped_prompts[0]["reason"] if skipped_prompts else "no prompts were given"
-        raise SpecdecError(f"no prompt could run ({first}); give other prompts or categories.")
-    cats = list(dict.fromkeys(p.category for p in prompts))
-    groups = {c: [i for i, p in enumerate(prompts) if p.category == c and i in runs["plain"]] for c in cats}
-    groups = {c: ids for c, ids in groups.items() if ids}
-    groups[OVERALL] = sorted(runs["plain"])
-    results = {
-        m: {
-            c: _aggregate([runs[m][i] for i in ids], [runs["plain"][i] for i in ids], temperature == 0)
-            for c, ids in groups.items()
-        }
-        for m in pipes
-    }
-    info = {
+    return runs, skipped_prompts, divergences
+
+
+def _meta(pipeline, pipes: dict, s: BenchSettings, as_text: bool, per_category: dict, meta: dict | None) -> dict:
+    """The report's ``meta``: how it ran (method, k, sampling, reuse, format, exactness, step costs, versions)."""
+    costs = next(
+        (p.decoder.proposer.costs for p in pipes.values() if hasattr(p.decoder.proposer, "costs")), None
+    )  # auto's
+    return {
         "baseline": baseline(meta or {}),
         "methods": list(pipes),
-        "k": k if k is not None else {m: p.k for m, p in pipes.items() if METHODS[m].speculative},
-        "max_new_tokens": max_new_tokens,
+        "k": s.k if s.k is not None else {m: p.k for m, p in pipes.items() if METHODS[m].speculative},
+        "max_new_tokens": s.max_new_tokens,
         "step_costs": None if costs is None else costs.to_json(),
-        "temperature": temperature,
-        "seed": seed,
-        "reuse": reuse,
+        "temperature": s.temperature,
+        "seed": s.seed,
+        "reuse": s.reuse,
         "prompt_format": PLAIN_FORMAT if as_text else CHAT_FORMAT,
         "lossy_methods": [m for m in pipes if METHODS[m].lossy],
         "inexact_methods": [m for m, p in pipes.items() if p.exactness.inexact],
         "exactness": pipeline.describe_exactness(),
-        "prompts_per_category": {c: len(ids) for c, ids in groups.items() if c != OVERALL},
+        "prompts_per_category": per_category,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
         **(meta or {}),
-    }
-    return {
-        "meta": info,
-        "results": results,
-        "skipped_methods": skipped,
-        "skipped_prompts": skipped_prompts,
-        "divergences": divergences,
     }
 
 

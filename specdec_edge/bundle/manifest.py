@@ -219,6 +219,20 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
     need(isinstance(t.add_bos_token, bool), f"add_bos_token = {t.add_bos_token!r}")
     need(t.chat_template is None or isinstance(t.chat_template, str), "chat_template is not a string")
     need(isinstance(t.special_tokens, dict) and all(isinstance(k, str) for k in t.special_tokens), "special_tokens")
+    _check_heads(m, need, listed)
+    need(m.default_method is None or isinstance(m.default_method, str), f"default_method = {m.default_method!r}")
+    need(isinstance(m.engines, list) and all(isinstance(e, dict) for e in m.engines), "engines is not a list")
+    if m.ngram_table is not None:
+        listed(m.ngram_table, "the n-gram table")
+    for entry in m.engines:
+        for key in ("file", "sidecar"):
+            if key in entry:
+                listed(entry[key], f"the engine {key}")
+
+
+def _check_heads(m: Manifest, need, listed) -> None:
+    """``check_manifest``'s part for the heads sections (``need(ok, what)`` refuses, ``listed(rel, what)`` checks a
+    path is in the file list)."""
     for method, section in m.heads.items():
         need(method in HEAD_SECTIONS, f"unknown heads {method!r}")
         need(isinstance(section, HeadSpec), f"heads.{method} is not an object")
@@ -246,11 +260,3 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
             else:  # EAGLE: topk, nodes, depth
                 ok = _small(value, 64)
             need(ok, f"heads.{method}.tree.{key} = {value!r}")
-    need(m.default_method is None or isinstance(m.default_method, str), f"default_method = {m.default_method!r}")
-    need(isinstance(m.engines, list) and all(isinstance(e, dict) for e in m.engines), "engines is not a list")
-    if m.ngram_table is not None:
-        listed(m.ngram_table, "the n-gram table")
-    for entry in m.engines:
-        for key in ("file", "sidecar"):
-            if key in entry:
-                listed(entry[key], f"the engine {key}")

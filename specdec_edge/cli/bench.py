@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
-from specdec_edge.cli.options import K_OPTION
+from specdec_edge.api.settings import LoadSettings
+from specdec_edge.cli.options import K_OPTION, file_option, load_options, settings_options
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.methods import METHODS, options_help
 
@@ -14,6 +16,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.command(context_settings=CONTEXT)
+@settings_options(LoadSettings, load_options(threads_default=2))
 @click.argument("bundle", type=click.Path())
 @click.option(
     "--methods",
@@ -22,11 +25,9 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     help=f"Comma-separated methods ({', '.join(METHODS)}); plain always runs as the "
     "baseline. Methods the bundle cannot run are skipped with a message.",
 )
-@click.option(
+@file_option(
     "--prompts",
     "prompts_file",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Spec-Bench style JSONL (question_id, category, turns). Default: the packaged Spec-Bench copy.",
 )
 @click.option("--categories", default=None, help="Comma-separated categories (default: all in the file).")
@@ -41,13 +42,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens per turn at most."
 )
 @K_OPTION
-@click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True, help="CPU threads.")
-@click.option(
-    "--spinning/--no-spinning",
-    default=True,
-    show_default=True,
-    help="One process-wide spinning thread pool for every session (plain at its fastest), or a sleeping pool each.",
-)
 @click.option(
     "--temperature",
     type=click.FloatRange(min=0),
@@ -66,12 +60,6 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     help=f"Method option, repeatable, e.g. pld.max_ngram=4, lookahead.window=5 ({options_help()}).",
 )
 @click.option(
-    "--allow-inexact",
-    is_flag=True,
-    help="Also run methods that this device's exactness verdict refuses (see `specdec-edge info`); they are marked "
-    "(inexact) in the report. Without it they are skipped, as chat, generate and serve refuse them.",
-)
-@click.option(
     "--reuse",
     is_flag=True,
     help="Each prompt's second turn keeps the KV cache of its first (as chat and serve do), for every method "
@@ -84,23 +72,16 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
     "loop, an agent loop; specdec_edge/bench/sessions.py): each turn timed, rows with and without KV reuse and "
     "history; --methods defaults to plain,auto here, --n-per-category is sessions per kind.",
 )
-@click.option(
+@file_option(
     "--json",
     "json_out",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Write the report as JSON (a disk that fills up during the run: an error line; the table on stdout "
     "keeps the results).",
 )
-@click.option("--md", "md_out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown table.")
-@click.option(
-    "--plot",
-    "plot_out",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write a PNG bar chart of speedups (needs matplotlib).",
-)
+@file_option("--md", "md_out", help="Write the Markdown table.")
+@file_option("--plot", "plot_out", help="Write a PNG bar chart of speedups (needs matplotlib).")
 def bench(
+    settings: LoadSettings,
     bundle,
     methods,
     prompts_file,
@@ -108,12 +89,9 @@ def bench(
     n_per_category,
     max_new_tokens,
     k,
-    threads,
-    spinning,
     temperature,
     seed,
     options,
-    allow_inexact,
     reuse,
     sessions,
     json_out,
@@ -167,14 +145,14 @@ def bench(
     prompts = load_prompts(prompts_file, cats, n_per_category)
     meta = {
         **bundle_metadata(bundle),
-        "threads": threads,
-        "spinning": spinning,
+        "threads": settings.threads,
+        "spinning": settings.spinning,
         "n_per_category": n_per_category,
         "prompts_file": prompts_file or "packaged Spec-Bench",
     }
     # no history: every method runs the prompts plain ran first (sessions give each row a store of its own)
-    settings = dict(k=k, threads=threads, spinning=spinning, allow_inexact=allow_inexact, history=False)
-    pipe = Pipeline.load(bundle, method="plain", progress=to_stderr, **settings)
+    settings = replace(settings, history=False, progress=to_stderr)
+    pipe = Pipeline.load(bundle, settings, method="plain", k=k)
     meta["options"] = method_options
     if sessions:
         from specdec_edge.bench.sessions import build_sessions, plot_sessions, run_sessions, sessions_markdown
@@ -185,7 +163,12 @@ def bench(
         write_report(report, sessions_markdown(report), plot_sessions, json_out, md_out, plot_out)
         return
     run = dict(
-        k=k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, allow_inexact=allow_inexact, reuse=reuse
+        k=k,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        allow_inexact=settings.allow_inexact,
+        reuse=reuse,
     )
     report = run_bench(pipe, wanted, prompts, meta=meta, options=method_options, **run)
     for m, reason in report["skipped_methods"].items():

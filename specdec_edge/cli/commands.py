@@ -14,6 +14,7 @@ import sys
 import click
 
 from specdec_edge import __version__
+from specdec_edge.cli.options import file_option
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.trt_libraries import ENGINE_KINDS
 from specdec_edge.speculative.methods import HEAD_METHODS, METHODS
@@ -88,18 +89,14 @@ def main():
     help="Method the bundle runs when none is asked for. Default: auto (each step, whichever of the bundle's "
     "proposers, or a plain step, promises the most tokens per second on the machine that runs it).",
 )
-@click.option(
+@file_option(
     "--chat-template",
     "template_file",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Jinja chat template file (or a tokenizer_config.json holding one) to store in the bundle instead of "
     "the model's own, e.g. for a base model that has none.",
 )
-@click.option(
+@file_option(
     "--ngram-table",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="An n-gram table of the model's own text (`specdec-edge corpus DIR --table FILE`) for auto to draft from; "
     "it pays most where one-row passes are padded to two (the spare row carries its guess).",
 )
@@ -321,10 +318,9 @@ def train_draft(method, target, out, **settings):
     help="Requests per shard: what an interruption loses at most. Every shard of a corpus uses the same.",
 )  # fmt: skip
 @click.option("--report", "show_report", is_flag=True, help="Print what the corpus holds (JSON) and stop.")
-@click.option(
-    "--table", type=click.Path(dir_okay=False), default=None,
-    help="Write an n-gram table of the corpus's answers to this file (for `export --ngram-table`) and stop.",
-)  # fmt: skip
+@file_option(
+    "--table", help="Write an n-gram table of the corpus's answers to this file (for `export --ngram-table`) and stop."
+)
 @click.option("--min-count", type=click.IntRange(min=1), default=2, show_default=True, help="With --table.")
 def corpus(folder, bundle, goal, max_minutes, threads, seed, per_shard, show_report, table, min_count):
     """Grow a training corpus in shards: requests the model writes itself and its greedy answers (exact, by our

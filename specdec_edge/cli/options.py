@@ -1,8 +1,13 @@
-"""`-o KEY=VALUE` method options on the command line, typed from their text."""
+"""Options shared by the commands: how a pipeline loads (one ``api.settings.LoadSettings``, built the same way by
+`chat`, `generate`, `serve` and `bench`), -k, and `-o KEY=VALUE` method options typed from their text."""
 
 from __future__ import annotations
 
+import functools
+
 import click
+
+from specdec_edge.runtime.base import BACKENDS
 
 # -k/--k of chat, generate, serve and bench
 K_OPTION = click.option(
@@ -14,6 +19,73 @@ K_OPTION = click.option(
     help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
     "which verifies only the part worth its cost; 8 for history; 4 for the others).",
 )
+
+
+def file_option(*decls: str, help: str):
+    """An option naming a file (not a folder), None when not given: --prompts, --json, --chat-template, ..."""
+    return click.option(*decls, type=click.Path(dir_okay=False), default=None, help=help)
+
+
+def load_options(threads_default: int | None = None) -> list:
+    """The click options of ``LoadSettings`` that every command that loads a pipeline has (`chat`, `generate`,
+    `serve`, `bench`): --threads, --spinning, --allow-inexact, --provider."""
+    return [
+        click.option(
+            "--threads",
+            type=click.IntRange(1, 1024),
+            default=threads_default,
+            show_default=threads_default is not None,
+            help="CPU threads" + (" (default: one per physical core)." if threads_default is None else "."),
+        ),
+        click.option(
+            "--spinning/--no-spinning",
+            default=True,
+            show_default=True,
+            help="Spinning: every model shares one process-wide thread pool that spins between ops (fastest). "
+            "--no-spinning: a sleeping pool per model, leaving the CPU idle between ops (slower).",
+        ),
+        click.option(
+            "--allow-inexact",
+            is_flag=True,
+            help="Allow speculation that this device's exactness verdict does not vouch for (a target that is not "
+            "batch invariant here, or token trees on a quantized target; see `specdec-edge info`): the output "
+            "may then differ from plain decoding.",
+        ),
+        click.option(
+            "--provider",
+            type=click.Choice(list(BACKENDS)),
+            default="cpu",
+            show_default=True,
+            help="cpu; cuda or tensorrt: ONNX Runtime GPU providers (onnxruntime-gpu); trt: TensorRT engines "
+            "built by `build-engines`.",
+        ),
+    ]
+
+
+def settings_options(cls, options):
+    """A decorator adding the click ``options``, whose values reach the command as one ``cls`` (a dataclass
+    whose fields are the options' names): after the arguments the decorators outside this one put first. An
+    option of the command's own whose name is a field (serve's --prompt-cache-mb, chat's --reuse) goes there
+    too; a field with a default that the command has no option for keeps it. A field ``load`` gets a
+    ``LoadSettings`` of the options named as its fields."""
+
+    def decorate(f):
+        @functools.wraps(f)
+        def command(*args, **params):
+            from specdec_edge.api.settings import LoadSettings
+
+            fields = cls.__dataclass_fields__
+            values = {name: params.pop(name) for name in fields if name in params}
+            if "load" in fields:
+                load = LoadSettings.__dataclass_fields__
+                values["load"] = LoadSettings(**{name: params.pop(name) for name in load if name in params})
+            return f(*args, cls(**values), **params)
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def parse_value(text: str):

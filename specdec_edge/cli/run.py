@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import click
 
-from specdec_edge.cli.options import K_OPTION
+from specdec_edge.api.settings import LoadSettings
+from specdec_edge.cli.options import K_OPTION, file_option, load_options, parse_options, settings_options
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, MAX_HISTORY_MB
 from specdec_edge.speculative.methods import METHODS, options_help
@@ -20,20 +19,15 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @dataclass(frozen=True)
-class LoadSettings:
-    """What the options of ``pipeline_options`` say about loading the pipeline."""
+class PipelineChoice:
+    """What the options of ``pipeline_options`` say: the bundle, the method (with -k and -o KEY=VALUE, parsed by
+    ``load``) and how to load it (``LoadSettings``: --threads, --provider, serve's --prompt-cache-mb, --history)."""
 
     bundle: str
     method: str | None = None
     k: int | None = None
-    threads: int | None = None
-    spinning: bool = True
-    allow_inexact: bool = False
-    options: tuple[str, ...] = ()  # -o KEY=VALUE, parsed by ``load``
-    provider: str = "cpu"
-    prompt_cache_mb: float | None = None  # serve's --prompt-cache-mb; None: the default (``api/prompt_cache.py``)
-    history: bool = True  # chat's and serve's --history/--no-history (``history_options``)
-    history_mb: float = DEFAULT_HISTORY_MB
+    options: tuple[str, ...] = ()
+    load: LoadSettings = LoadSettings()
 
 
 @dataclass(frozen=True)
@@ -55,29 +49,9 @@ class SamplingSettings:
         return pipe.stream(request, stop=stop, **asdict(self))
 
 
-def settings_options(cls, options):
-    """A decorator adding the click ``options``, whose values reach the command as one ``cls`` (a dataclass
-    whose fields are the options' names): after the arguments the decorators outside this one put first. An
-    option of the command's own whose name is a field (serve's --prompt-cache-mb, chat's --reuse) goes there
-    too; a field with a default that the command has no option for keeps it."""
-
-    def decorate(f):
-        @functools.wraps(f)
-        def command(*args, **params):
-            fields = cls.__dataclass_fields__
-            settings = cls(**{name: params.pop(name) for name in fields if name in params})
-            return f(*args, settings, **params)
-
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return decorate
-
-
 def pipeline_options(f):
     """The options that load a pipeline, shared by `chat`, `generate` and `serve`: the command gets them as one
-    ``LoadSettings``, its first argument."""
+    ``PipelineChoice``, its first argument."""
     options = [
         click.argument("bundle", type=click.Path()),
         click.option(
@@ -90,26 +64,6 @@ def pipeline_options(f):
         ),
         K_OPTION,
         click.option(
-            "--threads",
-            type=click.IntRange(1, 1024),
-            default=None,
-            help="CPU threads (default: one per physical core).",
-        ),
-        click.option(
-            "--spinning/--no-spinning",
-            default=True,
-            show_default=True,
-            help="Spinning: every model shares one process-wide thread pool that spins between ops (fastest). "
-            "--no-spinning: a sleeping pool per model, leaving the CPU idle between ops (slower).",
-        ),
-        click.option(
-            "--allow-inexact",
-            is_flag=True,
-            help="Allow speculation that this device's exactness verdict does not vouch for (a target that is not "
-            "batch invariant here, or token trees on a quantized target; see `specdec-edge info`): the output "
-            "may then differ from plain decoding.",
-        ),
-        click.option(
             "-o",
             "--option",
             "options",
@@ -117,20 +71,13 @@ def pipeline_options(f):
             metavar="KEY=VALUE",
             help=f"Method option, repeatable ({options_help()}); see the README's methods table.",
         ),
-        click.option(
-            "--provider",
-            type=click.Choice(list(BACKENDS)),
-            default="cpu",
-            show_default=True,
-            help="cpu; cuda or tensorrt: ONNX Runtime GPU providers (onnxruntime-gpu); trt: TensorRT engines "
-            "built by `build-engines`.",
-        ),
+        *load_options(),
     ]
-    return settings_options(LoadSettings, options)(f)
+    return settings_options(PipelineChoice, options)(f)
 
 
 def generation_options(f):
-    """The options shared by `chat` and `generate`: the pipeline's (a ``LoadSettings``, the first argument),
+    """The options shared by `chat` and `generate`: the pipeline's (a ``PipelineChoice``, the first argument),
     then how to sample (a ``SamplingSettings``, the second)."""
     options = [
         click.option(
@@ -158,7 +105,7 @@ def generation_options(f):
 
 def history_options(f):
     """``--history/--no-history`` and ``--history-mb``: drafting from earlier calls (`chat`, `serve`; fields of
-    ``LoadSettings``)."""
+    ``LoadSettings``, in ``PipelineChoice.load``)."""
     f = click.option(
         "--history-mb",
         type=click.FloatRange(0, MAX_HISTORY_MB, min_open=True),
@@ -175,24 +122,17 @@ def history_options(f):
     )(f)
 
 
-def load(settings: LoadSettings, template_file: str | None = None):
-    """The pipeline ``settings`` describe (with the chat template of ``template_file``); what takes a while to
+def load(choice: PipelineChoice, template_file: str | None = None):
+    """The pipeline ``choice`` describes (with the chat template of ``template_file``); what takes a while to
     measure on first use is reported on stderr."""
     from specdec_edge.api.pipeline import Pipeline
-    from specdec_edge.cli.options import parse_options
     from specdec_edge.progress import to_stderr
     from specdec_edge.tokenizer import read_chat_template
 
-    options = parse_options(settings.options)  # option syntax errors before the (slow) load
-
-    keywords = {name: value for name, value in asdict(settings).items() if name not in ("bundle", "options")}
-    return Pipeline.load(
-        settings.bundle,
-        **keywords,
-        chat_template=read_chat_template(template_file) if template_file else None,
-        progress=to_stderr,
-        **options,
-    )
+    options = parse_options(choice.options)  # option syntax errors before the (slow) load
+    template = read_chat_template(template_file) if template_file else None
+    settings = replace(choice.load, chat_template=template, progress=to_stderr)
+    return Pipeline.load(choice.bundle, settings, method=choice.method, k=choice.k, **options)
 
 
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -246,11 +186,9 @@ def stats_line(stats) -> str:
 @generation_options
 @history_options
 @click.option("--system", default=None, help="System message at the start of the conversation.")
-@click.option(
+@file_option(
     "--chat-template",
     "template_file",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Jinja chat template file (or a tokenizer_config.json holding one) to use instead of the bundle's. "
     "Without one, a base model's bundle (no template) runs as a completion REPL.",
 )
@@ -261,7 +199,7 @@ def stats_line(stats) -> str:
     help="Keep the conversation's KV cache between turns, so each turn prefills only what is new (--no-reuse "
     "prefills the whole conversation every turn, for comparison).",
 )
-def chat(settings: LoadSettings, sampling: SamplingSettings, system, template_file):
+def chat(choice: PipelineChoice, sampling: SamplingSettings, system, template_file):
     """Chat with a bundle in the terminal; answers stream as tokens are accepted.
 
     \b
@@ -281,7 +219,7 @@ def chat(settings: LoadSettings, sampling: SamplingSettings, system, template_fi
     from specdec_edge.tokenizer import plain_text
 
     sampling.check()
-    pipe = load(settings, template_file)
+    pipe = load(choice, template_file)
     completion = not pipe.tokenizer.has_chat_template
     _line_editing()
     start = [{"role": "system", "content": system}] if system else []
@@ -378,7 +316,7 @@ def chat(settings: LoadSettings, sampling: SamplingSettings, system, template_fi
     "a carriage return and a backslash.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print text, token_ids, stats and finish_reason as JSON.")
-def generate(settings: LoadSettings, sampling: SamplingSettings, prompt, template, stop, as_json):
+def generate(choice: PipelineChoice, sampling: SamplingSettings, prompt, template, stop, as_json):
     """Generate text for one prompt (for scripts).
 
     \b
@@ -388,11 +326,11 @@ def generate(settings: LoadSettings, sampling: SamplingSettings, prompt, templat
       specdec-edge generate bundles/pair --prompt "def fib(n):" --stop "\\n\\n" --temperature 0.8 --seed 1
       specdec-edge generate bundles/gemma-base --prompt "Hi" --chat-template my_template.jinja
     """
-    from specdec_edge.api.pipeline import check_stops
+    from specdec_edge.api.request import check_stops
 
     sampling.check()
     stops = check_stops([unescape(s) for s in stop])  # and too many or too long --stop strings
-    pipe = load(settings, template or None)
+    pipe = load(choice, template or None)
     request = [{"role": "user", "content": prompt}] if template is not None else prompt
     stream = sampling.stream(pipe, request, stops)
     with stream:

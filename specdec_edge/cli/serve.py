@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from specdec_edge.api.pipeline import check_history_memory
 from specdec_edge.api.prompt_cache import DEFAULT_MB
-from specdec_edge.cli.run import CONTEXT, LoadSettings, history_options, load, pipeline_options
+from specdec_edge.api.settings import check_history_memory
+from specdec_edge.cli.run import CONTEXT, PipelineChoice, history_options, load, pipeline_options
 
 
 def describe_reuse(pipe, reuse: bool) -> str:
@@ -19,8 +19,10 @@ def describe_reuse(pipe, reuse: bool) -> str:
     cache = pipe.engines.prompt_cache
     if cache is None:
         return "the last request's context is kept; no prompt cache"
-    if not pipe.target.can_snapshot:
-        return f"the last request's context is kept; no prompt cache on provider {pipe.target.__class__.__name__}"
+    if not pipe.engines.target.can_snapshot:
+        return (
+            f"the last request's context is kept; no prompt cache on provider {pipe.engines.target.__class__.__name__}"
+        )
     return f"the last request's context is kept, and up to {cache.limit / 2**20:g} MB of earlier ones in host memory"
 
 
@@ -98,7 +100,7 @@ def is_loopback(host: str) -> bool:
     help="Host memory for snapshots of earlier requests' KV caches (several conversations or system prompts in "
     "turn: a request that shares more with one of them restores it instead of prefilling). 0 turns it off.",
 )
-def serve(settings: LoadSettings, model_name, api_keys, **server):
+def serve(choice: PipelineChoice, model_name, api_keys, **server):
     """Serve a bundle over an OpenAI-compatible HTTP API (needs the `serve` extra).
 
     POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models,
@@ -121,10 +123,11 @@ def serve(settings: LoadSettings, model_name, api_keys, **server):
     from specdec_edge.serve.connections import HEADER_TIMEOUT_S, connection_limits
 
     api_keys = tuple(key for key in api_keys if key)
+    settings = choice.load  # with --prompt-cache-mb, --history and --history-mb
     if settings.history:  # one store per key: all of them must fit, before the bundle loads
         check_history_memory(settings.history_mb, max(1, len(api_keys)), flag="--history-mb")
-    pipe = load(settings)  # with --prompt-cache-mb, --history and --history-mb (LoadSettings fields)
-    model = model_name or Path(settings.bundle).resolve().name
+    pipe = load(choice)
+    model = model_name or Path(choice.bundle).resolve().name
     host = server["host"]  # with port, max_queue, timeout_s, max_body_bytes and reuse: run's keywords
     if not is_loopback(host) and not api_keys:
         click.secho(

@@ -186,6 +186,25 @@ def register_engines(root: Path, entries: list[dict]) -> None:
     read_manifest(root)
 
 
+def _check_backends(backends: tuple, hardware_compatible: bool, compute_capabilities: list):
+    """The one library (TensorRT or TensorRT-RTX) ``backends`` are built with, or an error naming what to change."""
+    unknown = set(backends) - set(KINDS)
+    if unknown or not backends:
+        raise ExportError(f"unknown backend(s) {sorted(unknown)}; choose from {', '.join(KINDS)}.")
+    libraries = {KINDS[b][2] for b in backends}
+    if len(libraries) > 1:
+        raise ExportError("build TensorRT (trt, tensorrt) and TensorRT-RTX (trt-rtx) engines in separate calls.")
+    library = libraries.pop()
+    if library is TENSORRT_RTX and hardware_compatible:
+        raise ExportError(
+            "--hardware-compatible is TensorRT's; TensorRT-RTX engines run on the compute capabilities they are "
+            "built for: list them with --compute-capability."
+        )
+    if library is TENSORRT and compute_capabilities:
+        raise ExportError("--compute-capability is for --backend trt-rtx; TensorRT builds for the GPU it runs on.")
+    return library
+
+
 def build_engines(
     bundle: str | Path,
     *,
@@ -204,21 +223,8 @@ def build_engines(
     root = Path(bundle)
     manifest = read_manifest(root)
     backends = tuple(backends or default_backends())
-    unknown = set(backends) - set(KINDS)
-    if unknown or not backends:
-        raise ExportError(f"unknown backend(s) {sorted(unknown)}; choose from {', '.join(KINDS)}.")
-    libraries = {KINDS[b][2] for b in backends}
-    if len(libraries) > 1:
-        raise ExportError("build TensorRT (trt, tensorrt) and TensorRT-RTX (trt-rtx) engines in separate calls.")
-    library = libraries.pop()
     compute_capabilities = list(compute_capabilities or [])
-    if library is TENSORRT_RTX and hardware_compatible:
-        raise ExportError(
-            "--hardware-compatible is TensorRT's; TensorRT-RTX engines run on the compute capabilities they are "
-            "built for: list them with --compute-capability."
-        )
-    if library is TENSORRT and compute_capabilities:
-        raise ExportError("--compute-capability is for --backend trt-rtx; TensorRT builds for the GPU it runs on.")
+    library = _check_backends(backends, hardware_compatible, compute_capabilities)
     models = [m for m in (manifest.target, manifest.draft) if m is not None]
     for m in models:
         if m.graph.flavour != "portable":

@@ -70,8 +70,8 @@ def corpus_data(
         meta = path.with_suffix(".json")
         if not (path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key):
             pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads, history=False, prompt_cache_mb=0)
-            seqs = _shard_features(FeatureTap(pipe.target), corpus, shard, max_tokens)
-            _write_part(path, seqs, pipe.target.graph.hidden_size)
+            seqs = _shard_features(FeatureTap(pipe.engines.target), corpus, shard, max_tokens)
+            _write_part(path, seqs, pipe.engines.target.graph.hidden_size)
             write_atomic(meta, json.dumps(key))
         for seq, (request, _, _) in zip(_read_part(path, layers), corpus.records(shard)):
             if held_out(request, held_out_every):

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from specdec_edge.api.settings import LoadSettings
 from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import ExportError
 
@@ -96,7 +98,7 @@ def _answer(pipe, texts: list[str], answer_tokens: int) -> tuple[list[tuple], in
     from specdec_edge.speculative.lookup import PromptLookupProposer
     from specdec_edge.speculative.loop import decode
 
-    tap = FeatureTap(pipe.target)
+    tap = FeatureTap(pipe.engines.target)
     seqs = []
     for text in texts:
         ids = pipe.encode([{"role": "user", "content": text}])
@@ -157,14 +159,13 @@ def generate_data(
     folder: Path,
     *,
     answer_tokens: int,
-    threads: int | None,
     progress: bool,
     layers: bool = False,
-    spinning: bool = True,
+    load: LoadSettings | None = None,
     answer=None,
 ) -> list[dict]:
     """The target's greedy answers and the features of prompt + answer (and their layer features, if
-    ``layers``), cached in ``folder``. ``spinning``: the runtime's thread pool (``Pipeline.load``).
+    ``layers``), cached in ``folder``. ``load``: how the runtime loads the bundle (threads, spinning).
     ``answer``: texts -> (sequences, feature width), e.g. ``self_data.batch_answerer``; None: our runtime,
     one prompt at a time."""
     from tqdm import tqdm
@@ -191,7 +192,7 @@ def generate_data(
             _write_part(path, *answer(texts[p : p + PART]))
         elif not path.is_file():
             report = to_stderr if progress else None
-            pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads, spinning=spinning, progress=report)
+            pipe = pipe or Pipeline.load(bundle, replace(load or LoadSettings(), progress=report), method="plain")
             _write_part(path, *_answer(pipe, texts[p : p + PART], answer_tokens))
         parts += _read_part(path, layers)
         bar.update(len(texts[p : p + PART]))

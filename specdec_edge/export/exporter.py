@@ -11,7 +11,7 @@ import datetime
 import shutil
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specdec_edge import __version__
@@ -88,28 +88,11 @@ def weights_bytes(models, dtype: str) -> int:
     return int(params * BYTES_PER_WEIGHT.get(dtype, 4))
 
 
-def export_bundle(
-    target: str,
-    out: str | Path,
-    *,
-    draft: str | None = None,
-    flavour: str = "ort",
-    dtype: str = "fp32",
-    capacity: int | None = None,
-    hidden_states: bool = False,
-    feature_layers: tuple = (),
-    heads: tuple = (),
-    default_method: str | None = None,
-    chat_template: str | None = None,
-    force: bool = False,
-    revision: str | None = None,
-    progress: bool = True,
-    ngram_table: str | Path | None = None,
-) -> Path:
-    """Export ``target`` (and ``draft``) to a bundle at ``out``; returns the bundle path.
+@dataclass(frozen=True)
+class ExportSettings:
+    """How ``export_bundle`` builds a bundle (`specdec-edge export`'s options).
 
     ``capacity``: KV cache tokens; None: 2048, or the model's positions if it has fewer (said on stderr).
-
     ``feature_layers``: the target graph also outputs these layers' entering residual streams
     (``layer_features``, what EAGLE-3 heads read); "default": EAGLE-3's low, middle and high layers
     (``head_modules.default_feature_layers``). EAGLE-3 heads in ``heads`` set them.
@@ -120,77 +103,111 @@ def export_bundle(
     ``ngram_table``: an n-gram table of the model's own text (``speculative/table.py``, made from a corpus by
     `specdec-edge corpus --table`) to copy into the bundle, where ``auto`` drafts from it.
     """
-    if dtype not in DTYPES:
-        raise ExportError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
-    if flavour not in FLAVOURS:
-        raise ExportError(f"unknown --flavour {flavour!r}; choose one of {', '.join(FLAVOURS)}.")
-    if flavour == "portable" and dtype in ("int8", "int4", "gguf"):
-        raise ExportError(f"--dtype {dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable.")
-    if capacity is not None and capacity < 16:
-        raise ExportError(f"--capacity {capacity} is too small; use at least 16 tokens (default 2048).")
-    from specdec_edge.export.heads_folder import check_heads_folder
-    from specdec_edge.export.sources import cache_limits, load_model, resolve_source
 
-    # Fail on bad paths, an occupied --out, heads folders and the capacity before the slow load.
-    for source in filter(None, (target, draft)):
+    draft: str | None = None
+    flavour: str = "ort"
+    dtype: str = "fp32"
+    capacity: int | None = None
+    hidden_states: bool = False
+    feature_layers: tuple | str = ()
+    heads: tuple = ()
+    default_method: str | None = None
+    chat_template: str | None = None
+    force: bool = False
+    revision: str | None = None
+    progress: bool = True
+    ngram_table: str | Path | None = None
+
+
+def export_bundle(target: str, out: str | Path, settings: ExportSettings | None = None, **keywords) -> Path:
+    """Export ``target`` (and ``settings.draft``) to a bundle at ``out``; returns the bundle path. ``settings``
+    (``ExportSettings``), or its fields as ``keywords``, say how."""
+    settings = replace(settings or ExportSettings(), **keywords)
+    settings, table = _check_export(target, Path(out), settings)
+    prog = Progress(settings.progress)
+    tgt, drf, settings = _load_models(target, settings, prog)
+    return _write_bundle(tgt, drf, Path(out), settings, table, prog)
+
+
+def _check_export(target: str, out: Path, s: ExportSettings) -> tuple[ExportSettings, object]:
+    """Fail on bad options, paths, an occupied ``out``, heads folders and the capacity before the slow load; the
+    settings with the capacity, hidden states and heads' feature layers settled, and the n-gram table read."""
+    if s.dtype not in DTYPES:
+        raise ExportError(f"unknown --dtype {s.dtype!r}; choose one of {', '.join(DTYPES)}.")
+    if s.flavour not in FLAVOURS:
+        raise ExportError(f"unknown --flavour {s.flavour!r}; choose one of {', '.join(FLAVOURS)}.")
+    if s.flavour == "portable" and s.dtype in ("int8", "int4", "gguf"):
+        raise ExportError(
+            f"--dtype {s.dtype} uses ONNX Runtime quantized ops; use --flavour ort, or fp16 for portable."
+        )
+    if s.capacity is not None and s.capacity < 16:
+        raise ExportError(f"--capacity {s.capacity} is too small; use at least 16 tokens (default 2048).")
+    from specdec_edge.export.heads_folder import check_heads_folder
+    from specdec_edge.export.sources import cache_limits, resolve_source
+
+    sources = list(filter(None, (target, s.draft)))
+    for source in sources:
         resolve_source(source)
-    prepare_out_dir(Path(out), force)
-    if dtype == "gguf" and not all(str(s).endswith(".gguf") for s in filter(None, (target, draft))):
+    prepare_out_dir(out, s.force)
+    if s.dtype == "gguf" and not all(str(source).endswith(".gguf") for source in sources):
         raise ExportError(
             "--dtype gguf keeps a GGUF file's quantized weights: --target (and --draft) must be .gguf files."
         )
-    table = _read_table(ngram_table)
-    methods = [check_heads_folder(Path(folder)).method for folder in heads]  # config and weights, whole
+    table = _read_table(s.ngram_table)
+    methods = [check_heads_folder(Path(folder)).method for folder in s.heads]  # config and weights, whole
     if len(set(methods)) < len(methods):
         raise ExportError(f"two heads folders of one method were given ({', '.join(methods)}); pass one per method.")
-    limits = {s: cache_limits(s, revision if s == target else None) for s in filter(None, (target, draft))}
+    limits = {source: cache_limits(source, s.revision if source == target else None) for source in sources}
+    capacity = s.capacity
     if capacity is None:
         capacity = default_capacity(limits)
-        if progress and capacity < DEFAULT_CAPACITY:
+        if s.progress and capacity < DEFAULT_CAPACITY:
             print(f"  KV cache capacity {capacity} tokens: the model's positions (default 2048)", file=sys.stderr)
     check_capacity(capacity, limits)
-    hidden_states = hidden_states or bool(heads)
-    if heads:
+    feature_layers = s.feature_layers
+    if s.heads:
         from specdec_edge.export.heads_folder import heads_feature_layers
 
-        feature_layers = heads_feature_layers(heads, feature_layers)
+        feature_layers = heads_feature_layers(s.heads, feature_layers)
+    hidden_states = s.hidden_states or bool(s.heads)
+    return replace(s, capacity=capacity, hidden_states=hidden_states, feature_layers=feature_layers), table
 
-    prog = Progress(progress)
+
+def _load_models(target: str, s: ExportSettings, prog: Progress) -> tuple:
+    """The target and draft models (the draft None without one), and the settings with the feature layers
+    settled from the target's depth."""
+    from specdec_edge.export.sources import load_model
+
     with prog.stage(f"[target] load {target}"):
-        tgt = load_model(target, revision, capacity)
-    if feature_layers == "default":
+        tgt = load_model(target, s.revision, s.capacity)
+    if s.feature_layers == "default":
         from specdec_edge.export.head_modules import default_feature_layers
 
-        feature_layers = default_feature_layers(tgt.decoder.num_layers)
-    if dtype == "gguf":
+        s = replace(s, feature_layers=default_feature_layers(tgt.decoder.num_layers))
+    if s.dtype == "gguf":
         with prog.stage("[target] read the GGUF's quantized blocks"):
             keep_gguf_blocks(tgt, target)
     drf = None
-    if draft is not None:
-        with prog.stage(f"[draft] load {draft}"):
-            drf = load_model(draft, None, capacity)
-        if dtype == "gguf":
-            keep_gguf_blocks(drf, draft)
+    if s.draft is not None:
+        with prog.stage(f"[draft] load {s.draft}"):
+            drf = load_model(s.draft, None, s.capacity)
+        if s.dtype == "gguf":
+            keep_gguf_blocks(drf, s.draft)
         check_same_vocab(tgt, drf)
+    return tgt, drf, s
 
-    with disk_errors(Path(out), weights_bytes((tgt, drf), dtype)), StagingDir(Path(out), force) as staging:
+
+def _write_bundle(tgt, drf, out: Path, s: ExportSettings, table, prog: Progress) -> Path:
+    """Build, validate and write the graphs, tokenizer, heads, table and manifest in a staging folder, then commit
+    it to ``out``."""
+    with disk_errors(out, weights_bytes((tgt, drf), s.dtype)), StagingDir(out, s.force) as staging:
         specs = {}
         for role, loaded in (("target", tgt), ("draft", drf)):
-            if loaded is None:
-                continue
-            specs[role] = export_graph(
-                loaded,
-                staging.path,
-                role,
-                flavour=flavour,
-                dtype=dtype,
-                capacity=capacity,
-                hidden_states=hidden_states,
-                feature_layers=tuple(feature_layers) if role == "target" else (),
-                prog=prog,
-            )
+            if loaded is not None:
+                layers = tuple(s.feature_layers) if role == "target" else ()
+                specs[role] = export_graph(loaded, staging.path, role, replace(s, feature_layers=layers), prog)
         with prog.stage("[bundle] write tokenizer"):
-            tokenizer = write_tokenizer(tgt, staging.path, chat_template)
+            tokenizer = write_tokenizer(tgt, staging.path, s.chat_template)
             manifest = {
                 "schema_version": SCHEMA_VERSION,
                 "exporter": {
@@ -202,28 +219,24 @@ def export_bundle(
                 "draft": specs.get("draft"),
                 "tokenizer": tokenizer,
             }
-        if heads:
+        if s.heads:
             from specdec_edge.export.head_export import export_heads
 
-            with prog.stage(f"[heads] build and validate {len(heads)} head graph(s)"):
+            with prog.stage(f"[heads] build and validate {len(s.heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]
                 target_graph = specs["target"]["graph"]
-                chains = not trees_exact(recorded_verdict(target_graph), dtype)
+                chains = not trees_exact(recorded_verdict(target_graph), s.dtype)
+                lm_head = tgt.decoder.weights.get("lm_head.weight", embed)
                 manifest["heads"] = export_heads(
-                    heads,
-                    embed,
-                    tgt.decoder.weights.get("lm_head.weight", embed),
-                    staging.path,
-                    chains,
-                    target_graph=target_graph["path"],
+                    s.heads, embed, lm_head, staging.path, chains, target_graph=target_graph["path"]
                 )
         if table is not None:
-            manifest["ngram_table"] = _write_table(table, tgt.decoder.vocab_size, staging.path, ngram_table)
-        if default_method is not None:
-            manifest["default_method"] = check_default_method(default_method, drf is not None, manifest.get("heads"))
+            manifest["ngram_table"] = _write_table(table, tgt.decoder.vocab_size, staging.path, s.ngram_table)
+        if s.default_method is not None:
+            has_draft = drf is not None
+            manifest["default_method"] = check_default_method(s.default_method, has_draft, manifest.get("heads"))
         with prog.stage("[bundle] write manifest"):
-            path = staging.commit(manifest)
-    return path
+            return staging.commit(manifest)
 
 
 TABLE_FILE = "ngram/table.npz"
@@ -285,9 +298,11 @@ def check_same_vocab(target, draft) -> None:
         )
 
 
-def export_graph(
-    loaded, root: Path, role: str, *, flavour, dtype, capacity, hidden_states, prog, feature_layers=()
-) -> dict:
+def export_graph(loaded, root: Path, role: str, settings: ExportSettings, prog) -> dict:
+    """The graph of ``loaded`` as ``settings`` ask (flavour, dtype, capacity, hidden states, feature layers), built,
+    validated and saved under ``root/role``; its manifest section."""
+    flavour, dtype, capacity = settings.flavour, settings.dtype, settings.capacity
+    hidden_states, feature_layers = settings.hidden_states, settings.feature_layers
     from specdec_edge.export.graph import build_decoder, save
     from specdec_edge.export.validate import validate_graph
     from specdec_edge.runtime.device import device_identity

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -100,23 +100,31 @@ def drop_reason(text: str, ids: list[int], *, min_words: int, max_words: int, se
     return None
 
 
+@dataclass(frozen=True)
+class PromptSampling:
+    """How ``generate_prompts`` samples and filters the model's own requests: ``batch`` samples at once of at most
+    ``max_tokens`` tokens, at ``temperature``/``top_p``, kept when they have ``min_words``..``max_words`` words."""
+
+    seed: int = 0
+    batch: int = 32
+    max_tokens: int = 96
+    temperature: float = 1.0
+    top_p: float = 0.98
+    min_words: int = 3
+    max_words: int = 120
+
+
 def generate_prompts(
-    model,
-    tokenizer,
-    n: int,
-    *,
-    seed: int = 0,
-    batch: int = 32,
-    max_tokens: int = 96,
-    temperature: float = 1.0,
-    top_p: float = 0.98,
-    min_words: int = 3,
-    max_words: int = 120,
-    progress: bool = True,
+    model, tokenizer, n: int, sampling: PromptSampling | None = None, *, progress: bool = True, **keywords
 ) -> PromptReport:
-    """``n`` requests written by the chat model itself (fewer if ``20 * n`` samples do not yield them)."""
+    """``n`` requests written by the chat model itself (fewer if ``20 * n`` samples do not yield them); ``sampling``
+    (``PromptSampling``, or its fields as ``keywords``) says how they are sampled and filtered."""
     import torch
     from tqdm import tqdm
+
+    s = replace(sampling or PromptSampling(), **keywords)
+    seed, batch, max_tokens, temperature, top_p = s.seed, s.batch, s.max_tokens, s.temperature, s.top_p
+    min_words, max_words = s.min_words, s.max_words
 
     prefix = user_turn_prefix(tokenizer)
     stops = end_of_turn_ids(tokenizer, model)

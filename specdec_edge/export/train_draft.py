@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdec_edge.api.settings import LoadSettings
 from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.schema import Manifest
@@ -109,10 +110,9 @@ def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> P
         texts,
         out / "data",
         answer_tokens=s.answer_tokens,
-        threads=s.threads,
         progress=s.progress,
         layers=layers,
-        spinning=s.spinning,
+        load=LoadSettings(threads=s.threads, spinning=s.spinning),
         answer=answer,
     )
     embed, lm_head = target_weights(bundle)
@@ -239,19 +239,18 @@ def run_training(
     t: Training,
     data: list[dict],
     checkpoint: Checkpoint,
-    *,
-    batch_tokens: int,
-    save_every: int,
-    max_minutes: float,
-    progress: bool,
+    s: TrainSettings,
     epoch_ends: tuple[int, ...] = (),
     on_epoch=None,
 ) -> float:
-    """Run the planned steps from ``t.step`` until done or ``max_minutes`` have passed; returns its seconds.
+    """Run the planned steps from ``t.step`` until done or ``s.max_minutes`` have passed; returns its seconds.
 
-    Checkpoints every ``save_every`` steps and at the end, so a rerun continues where this one stopped.
+    Checkpoints every ``s.save_every`` steps and at the end, so a rerun continues where this one stopped; batches
+    of ``s.batch_tokens``, progress bars when ``s.progress``.
     """
     from tqdm import tqdm
+
+    batch_tokens, save_every, max_minutes, progress = s.batch_tokens, s.save_every, s.max_minutes, s.progress
 
     t.head.train()
     bar = tqdm(
@@ -382,18 +381,8 @@ def train_draft(method: str, target: str, out: str | Path, settings: TrainSettin
     settings = {"method": method, "config": asdict(head.cfg), "steps": len(t.plan), "lr": s.lr, "seed": s.seed}
     checkpoint = Checkpoint(folder / "checkpoint.pt", settings)
     checkpoint.resume(t)
-    train_seconds = run_training(
-        recipe,
-        t,
-        prep.data,
-        checkpoint,
-        batch_tokens=s.batch_tokens,
-        save_every=s.save_every,
-        max_minutes=s.max_minutes,
-        progress=s.progress,
-        epoch_ends=ends,
-        on_epoch=EpochCheck(recipe, prep, s, folder) if s.eval_bundle else None,
-    )
+    on_epoch = EpochCheck(recipe, prep, s, folder) if s.eval_bundle else None
+    train_seconds = run_training(recipe, t, prep.data, checkpoint, s, ends, on_epoch)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     head.cfg.training = training_summary(prep, t, s, train_seconds, seconds, cpu_seconds)
     if isinstance(head, Eagle3Head):

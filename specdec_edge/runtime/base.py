@@ -197,7 +197,39 @@ def widen_bias(step: StepInputs, capacity: int, out: np.ndarray | None = None) -
     return StepInputs(step.ids, step.positions, bias, step.keep)
 
 
-class Engine(ABC):
+class HeldIds:
+    """Which token ids the committed slots hold (``held``), recorded by a commit from the ids of the last run
+    (``_ran``): what ``reusable`` compares a call's context with. ``Engine`` keeps them for its KV cache,
+    ``speculative.features.FeatureTap`` for the features it stores."""
+
+    length: int = 0  # committed slots
+    # The token ids of slots 0..length-1 (see the module docstring), or None: unknown until the next reset.
+    held: list | None = None
+    _ran: tuple | None = None  # (length, ids) of the last run: what a commit keeps
+
+    def _kept_ids(self, n: int, path) -> list | None:
+        """The ids a commit of n rows (``path``) keeps from the last run, or None when it kept no run's rows."""
+        ran, self._ran = self._ran, None
+        if n == 0:
+            return []
+        if ran is None or ran[0] != self.length or self.held is None or len(self.held) != self.length:
+            return None
+        ids = ran[1]
+        return (ids[:n] if path is None else ids[np.asarray(path, dtype=np.int64)[:n]]).tolist()
+
+    def _hold(self, rows: list | None) -> None:
+        if rows is None:
+            self.held = None
+        elif self.held is not None:
+            self.held.extend(rows)
+
+    def reusable(self, tokens) -> int:
+        """How many leading ``tokens`` the committed slots hold now (``held``): a call after them may roll back
+        to that many and compute only the rest."""
+        return 0 if self.held is None else common_prefix(self.held[: self.length], tokens)
+
+
+class Engine(HeldIds, ABC):
     """One decoder graph with a fixed-capacity KV cache whose valid length the host holds.
 
     Subclasses set ``graph`` (the manifest's ``GraphSpec``), ``capacity`` and ``length`` and
@@ -217,9 +249,6 @@ class Engine(ABC):
     bad_residues: Mapping = MappingProxyType({})  # {width: frozenset of residues of past mod RESIDUE_PERIOD}
     max_width: int | None = None  # the widest verify pass measured exact (wider proposals are cut to it)
     attention_rows: int = 1  # the fewest rows the graph's attention op sees (ATTENTION_ROWS_KEY): what a 1-row pass is
-    # The token ids of slots 0..length-1 (see the module docstring), or None: unknown until the next reset.
-    held: list | None = None
-    _ran: tuple | None = None  # (length, ids) of the last run: what a commit keeps
 
     @abstractmethod
     def run(
@@ -278,22 +307,6 @@ class Engine(ABC):
         self.length += n
         self._hold(rows)
 
-    def _kept_ids(self, n: int, path) -> list | None:
-        """The ids a commit of n rows (``path``) keeps from the last run, or None when it kept no run's rows."""
-        ran, self._ran = self._ran, None
-        if n == 0:
-            return []
-        if ran is None or ran[0] != self.length or self.held is None or len(self.held) != self.length:
-            return None
-        ids = ran[1]
-        return (ids[:n] if path is None else ids[np.asarray(path, dtype=np.int64)[:n]]).tolist()
-
-    def _hold(self, rows: list | None) -> None:
-        if rows is None:
-            self.held = None
-        elif self.held is not None:
-            self.held.extend(rows)
-
     def rollback(self, length: int) -> None:
         """Forget every cache slot from ``length`` on (nothing is copied)."""
         if not 0 <= length <= self.length:
@@ -346,11 +359,6 @@ class Engine(ABC):
     def _write_slots(self, kv: np.ndarray, start: int, n: int) -> None:
         """Slots start..n-1 of the cache from ``kv``'s."""
         self.cache[..., start:n, :] = kv[..., start:n, :]
-
-    def reusable(self, tokens) -> int:
-        """How many leading ``tokens`` the committed slots hold now (``held``): a call after them may roll back
-        to that many and compute only the rest."""
-        return 0 if self.held is None else common_prefix(self.held[: self.length], tokens)
 
     def step_inputs(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepInputs:
         """Check capacity and fill in the defaults: positions after the cache, a causal bias, all logits."""

@@ -33,6 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from specdec_edge.api.pipeline import Prompt
 from specdec_edge.errors import SpecdecError
 from specdec_edge.serve.metrics import CONTENT_TYPE, Metrics
 from specdec_edge.serve.protocol import (
@@ -93,9 +94,9 @@ class Server:
         store = self.histories[client]
         return False if store is None else store
 
-    def budget(self, request: CompletionRequest) -> tuple[int, int]:
-        """(prompt tokens, max new tokens) of a request, checked against the KV cache capacity.
-        Tokenizes: call it in a thread."""
+    def budget(self, request: CompletionRequest) -> tuple[Prompt, int]:
+        """(the prompt tokenized, max new tokens) of a request, checked against the KV cache capacity. Tokenizes
+        (once: the job passes the ``Prompt`` on): call it in a thread."""
         if request.kind == "chat" and self.pipe.tokenizer.chat_template is None:
             raise bad(
                 f"the model {self.model!r} has no chat template (a base model): send a plain prompt to "
@@ -103,13 +104,13 @@ class Server:
                 "messages",
             )
         try:
-            prompt_tokens = len(self.pipe.encode(request.prompt))
+            prompt = self.pipe.prompt(request.prompt)
         except SpecdecError as e:
             raise bad(str(e), request.prompt_param) from None
-        capacity = self.pipe.capacity
+        capacity, prompt_tokens = self.pipe.engines.capacity, len(prompt.ids)
         room = capacity - prompt_tokens
         if request.max_tokens is None and room >= 1:
-            return prompt_tokens, room if request.kind == "chat" else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
+            return prompt, room if request.kind == "chat" else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
         if request.max_tokens is None or request.max_tokens > room:
             what = "the messages take" if request.kind == "chat" else "the prompt takes"
             asked = "" if request.max_tokens is None else f", plus max_tokens={request.max_tokens}"
@@ -118,7 +119,7 @@ class Server:
                 f"(its KV cache). Shorten the {request.prompt_param}" + (" or lower max_tokens." if asked else "."),
                 request.prompt_param,
             )
-        return prompt_tokens, request.max_tokens
+        return prompt, request.max_tokens
 
 
 def _server(request: Request) -> Server:
@@ -223,12 +224,13 @@ async def complete(request: Request, kind: str) -> Response:
     deadline += srv.timeout_s
     client = srv.authorize(request)
     body = await read_json(request, srv.max_body_bytes, min(deadline, time.monotonic() + BODY_TIMEOUT_S))
-    req = parse_request(body, kind, srv.model, srv.pipe.capacity)
-    prompt_tokens, max_tokens = await run_in_threadpool(srv.budget, req)
+    req = parse_request(body, kind, srv.model, srv.pipe.engines.capacity)
+    prompt, max_tokens = await run_in_threadpool(srv.budget, req)
+    prompt_tokens = len(prompt.ids)
     events = Events(deadline, srv.timeout_s)
     # owner: the request reuses, restores and is timed against only its own key's earlier contexts
     options = {**req.options(max_tokens), "history": srv.history(client), "owner": client}
-    job = Job(req.prompt, options, events.notify, client=client)
+    job = Job(prompt, options, events.notify, client=client)
     try:
         srv.worker.submit(job)
     except QueueFull as full:
@@ -303,7 +305,7 @@ def model_object(srv: Server) -> dict:
         "object": "model",
         "created": srv.created,
         "owned_by": "specdec-edge",
-        STATS_FIELD: {"method": srv.pipe.method, "capacity": srv.pipe.capacity},
+        STATS_FIELD: {"method": srv.pipe.method, "capacity": srv.pipe.engines.capacity},
     }
 
 

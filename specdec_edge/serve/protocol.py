@@ -75,14 +75,8 @@ class CompletionRequest:
 
     def options(self, max_tokens: int) -> dict:
         """Keyword arguments of ``Pipeline.stream`` after the prompt."""
-        return dict(
-            max_new_tokens=max_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed,
-            stop=list(self.stop),
-        )
+        sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "seed")}
+        return {"max_new_tokens": max_tokens, **sampling, "stop": list(self.stop)}
 
 
 def _is_number(value) -> bool:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specdec_edge.api.pipeline import Prompt
 from specdec_edge.api.streaming import GenerationResult, Stream
 from specdec_edge.errors import SpecdecError
 
@@ -39,7 +40,7 @@ class Job:
     ("piece", text) for each text piece, then ("done", GenerationResult) or ("error", SpecdecError
     or another exception); a job cancelled before it started gets no call."""
 
-    prompt: str | list[dict]
+    prompt: str | list[dict] | Prompt  # the server passes the ``Prompt`` its budget tokenized
     options: dict  # Pipeline.stream keywords: max_new_tokens, temperature, top_k, top_p, seed, stop, owner, ...
     notify: Callable[[str, object], None]
     client: int = 0  # whose request (the API key's index): its metrics are that client's

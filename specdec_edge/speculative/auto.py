@@ -95,9 +95,9 @@ class AutoProposer(Proposer):
 
     # ---- the Proposer protocol
 
-    def prefill(self, prompt, params, rng, kept=None) -> None:
+    def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
         for c in self.candidates:
-            c.proposer.prefill(prompt, params, rng, kept)
+            c.proposer.prefill(prompt, params, rng, kept, history)
         self.window.clear()
         self.plain_until = 0
         self._chosen = None

@@ -56,7 +56,7 @@ class EagleProposer(Proposer):
         self.length = 0  # head slots 0..length-1 hold (f[i], context[i+1]) with true features
         self.fed: list[int] = []  # context[:length+1]: the tokens those slots read (empty while length is 0)
 
-    def prefill(self, prompt, params, rng, kept=None) -> None:
+    def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
         if kept is None:
             self.length = 0
         else:

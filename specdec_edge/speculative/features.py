@@ -17,11 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import Engine, StepOutput
+from specdec_edge.runtime.base import Engine, HeldIds, StepOutput
 
 
-class FeatureTap(Engine):
-    """The target engine, plus ``features[i]``: the hidden state of committed cache slot i."""
+class FeatureTap(HeldIds):
+    """The target engine, plus ``features[i]``: the hidden state of committed cache slot i.
+
+    It offers the loop the engine's contract (``run``, ``commit``, ``rollback``, ``reset``, ``length``, ``capacity``,
+    ``max_rows``, ``reusable``) by delegating to the engine it wraps; the ids of the slots whose features it holds
+    are its own (``HeldIds``). KV snapshots are the engine's: the tap adds ``snapshot_features``/``restore_features``.
+    """
 
     def __init__(self, engine: Engine):
         if not engine.graph.has_hidden_states:
@@ -41,6 +46,10 @@ class FeatureTap(Engine):
     @property
     def length(self) -> int:
         return self.engine.length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
 
     def reset(self) -> None:
         self.engine.reset()
@@ -96,8 +105,5 @@ class FeatureTap(Engine):
         self.features[start : start + n] = self._hidden[rows]
         if self.layer_features is not None:
             self.layer_features[start : start + n] = self._layers[rows]
-        self.engine.commit(n, path)
+        self.engine.commit(n, path)  # the wrapped engine compacts its own cache
         self._hold(ids)
-
-    def _compact(self, path: np.ndarray) -> None:  # the wrapped engine compacts in its own commit
-        raise NotImplementedError

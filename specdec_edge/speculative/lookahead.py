@@ -46,7 +46,7 @@ class LookaheadProposer(Proposer):
         self._last: Proposal | None = None
         self.pool_nodes = 0
 
-    def prefill(self, prompt, params, rng, kept=None) -> None:
+    def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
         prompt = np.asarray(prompt, dtype=np.int64)
         start = 0
         if kept is None:

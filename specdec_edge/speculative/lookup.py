@@ -64,7 +64,7 @@ class PromptLookupProposer(Proposer):
         self.length = 0
         self.matched = 0  # the n-gram length behind the last proposal (0: none); auto keys its statistics by it
 
-    def prefill(self, prompt, params, rng, kept=None) -> None:
+    def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
         if kept is None:
             self.buf = np.zeros(max(1024, 2 * len(prompt)), dtype=np.int64)
             self.length = 0

@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from specdec_edge.runtime.base import Engine, prefill  # noqa: F401 (prefill: it
 from specdec_edge.runtime.tree import tree_inputs
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
+from specdec_edge.speculative.history_store import HistoryStore
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
 
@@ -48,33 +50,53 @@ class Emitted:
     finish_reason: str | None = None  # "eos" | "length" | "cancelled"
 
 
+@dataclass(frozen=True)
+class Call:
+    """What one call asks of the loop: how many tokens, how to sample, how deep to propose, what ends it, the rule
+    that accepts, whether it reuses what the caches hold, and the history store it drafts from (None: none)."""
+
+    max_new_tokens: int
+    params: SamplingParams = GREEDY
+    k: int = 4  # the deepest proposal a step may verify
+    eos_ids: frozenset | set = frozenset()
+    rule: AcceptanceRule = EXACT
+    reuse: bool = False
+    history: HistoryStore | None = None
+
+
+class Contexts(Protocol):
+    """Where earlier contexts are kept (``api/engines.Engines``): before a reusing call, ``restore_best`` may make
+    ``engine``'s caches hold the stored context that shares the most with ``context``; returns the tokens restored."""
+
+    def restore_best(self, engine: Engine, context: list[int]) -> int: ...
+
+
 def decode(
     target: Engine,
     proposer: Proposer,
     prompt: Sequence[int],
+    call: Call | None = None,
     *,
-    max_new_tokens: int,
-    params: SamplingParams = GREEDY,
-    k: int = 4,
-    eos_ids: frozenset | set = frozenset(),
     rng: np.random.Generator | None = None,
     stats: Stats | None = None,
     cancel: threading.Event | None = None,
-    rule: AcceptanceRule = EXACT,
-    reuse: bool = False,
-    prepare: Callable[[list[int]], int] | None = None,
+    contexts: Contexts | None = None,
+    **keywords,
 ) -> Iterator[Emitted]:
-    """Generate up to ``max_new_tokens`` after ``prompt``, yielding the tokens of each step.
+    """Generate up to ``call.max_new_tokens`` after ``prompt``, yielding the tokens of each step.
 
-    ``k`` is the deepest proposal a step may verify; ``rule`` decides what is accepted (default:
-    the exact rules; see ``acceptance.py``). ``reuse``: keep the prefix of ``prompt`` that the caches hold from
-    earlier calls (module docstring) instead of prefilling it again; ``prepare(context)``, called first when
-    reusing, may restore an earlier context into the caches (``api/prompt_cache.py``) and returns the tokens restored.
+    ``call`` (or its fields as ``keywords``: ``max_new_tokens=8, k=4``) says what is asked (``Call``); ``rule``
+    decides what is accepted (default: the exact rules; see ``acceptance.py``). ``reuse``: keep the prefix of
+    ``prompt`` that the caches hold from earlier calls (module docstring) instead of prefilling it again;
+    ``contexts``, asked first when reusing, may restore an earlier context into the caches
+    (``api/prompt_cache.py``).
 
     Stops after an eos token (emitted, and nothing after it), at ``max_new_tokens`` (a
     proposal is cut to what is left), or when ``cancel`` is set; closing the generator
     also stops it. ``stats`` is filled in as the loop runs.
     """
+    call = call if call is not None else Call(**keywords)
+    max_new_tokens, params, k, eos_ids, rule = call.max_new_tokens, call.params, call.k, call.eos_ids, call.rule
     if not prompt:
         raise SpecdecError("the prompt is empty: give at least one token.")
     if max_new_tokens < 1:
@@ -84,11 +106,13 @@ def decode(
     context = [int(t) for t in prompt]
     stats.prompt_tokens = len(context)
     start = time.perf_counter()
-    if reuse and prepare is not None:
-        stats.restored_tokens = prepare(context)
-    kept = target.reusable(context[:-1]) if reuse else 0
+    if call.reuse and contexts is not None:
+        stats.restored_tokens = contexts.restore_best(target, context)
+    kept = target.reusable(context[:-1]) if call.reuse else 0
     prefill(target, context[:-1], kept=kept)
-    if reuse:
+    if call.history is not None:
+        proposer.prefill(context, params, rng, kept if call.reuse else None, call.history)
+    elif call.reuse:
         proposer.prefill(context, params, rng, kept)
     else:
         proposer.prefill(context, params, rng)  # (proposers outside the registry may take three arguments)

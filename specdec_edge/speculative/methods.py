@@ -21,7 +21,7 @@ from specdec_edge.speculative.acceptance import AcceptanceRule, ExactAcceptance,
 from specdec_edge.speculative.auto import AutoProposer, Candidate
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.eagle import Eagle3Proposer, EagleProposer
-from specdec_edge.speculative.history import MAX_MATCH, HistoryLookupProposer, HistoryProposer, HistorySlot
+from specdec_edge.speculative.history import MAX_MATCH, HistoryLookupProposer, HistoryProposer
 from specdec_edge.speculative.lookahead import LookaheadProposer
 from specdec_edge.speculative.lookup import PromptLookupProposer
 from specdec_edge.speculative.medusa import MEDUSA_TREE, MedusaProposer
@@ -152,8 +152,9 @@ class Resources:
     trees: bool = True  # proposals may branch (False: the target verifies only chains bit for bit)
     # The device's step costs (``speculative/costs.py``), given the proposers whose own cost to measure.
     costs: Callable[[Mapping[str, Proposer]], CostModel] | None = None
-    # Which history store the current call drafts from (``speculative/history.py``); None: no history at all.
-    history: HistorySlot | None = None
+    # The calls may pass a history store (``prefill``'s ``history``; ``speculative/history.py``): ``auto`` then has
+    # a candidate drafting from it.
+    history: bool = False
     table: NgramTable | None = None  # the bundle's n-gram table of the model's own text (``table.py``)
 
 
@@ -279,7 +280,7 @@ _pld_eagle, _pld_eagle3 = _pld_then(_eagle), _pld_then(_eagle3)
 
 
 def _history(res: Resources, options: dict) -> Proposer:
-    return HistoryLookupProposer(res.history or HistorySlot(), **options)
+    return HistoryLookupProposer(**options)
 
 
 def auto_candidates(res: Resources, options: dict) -> list[Candidate]:
@@ -289,8 +290,8 @@ def auto_candidates(res: Resources, options: dict) -> list[Candidate]:
     topk 1, Medusa's top-1 path)."""
     pld = {k: v for k, v in options.items() if k in ("max_ngram", "min_ngram")}
     candidates = [Candidate("pld", PromptLookupProposer(**pld), pld_predictor())]
-    if res.history is not None:  # left out of seeded sampling's fixed rule: its drafts depend on earlier calls
-        history = HistoryProposer(res.history, options.get("min_match", MIN_MATCH.default))
+    if res.history:  # left out of seeded sampling's fixed rule: its drafts depend on earlier calls
+        history = HistoryProposer(options.get("min_match", MIN_MATCH.default))
         candidates.append(Candidate("history", history, history_predictor(), fixed=False))
     if res.table is not None:  # a guess almost always: pays where a pass has a row to spare (a padded step)
         candidates.append(Candidate("table", TableProposer(res.table), Calibrated()))

@@ -19,10 +19,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specdec_edge.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec_edge.speculative.history_store import HistoryStore
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,12 @@ class Proposer(ABC):
     branches: bool = False
 
     def prefill(
-        self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator, kept: int | None = None
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        rng: np.random.Generator,
+        kept: int | None = None,
+        history: HistoryStore | None = None,
     ) -> None:
         """Start a generation after ``prompt`` (its last token is pending).
 
@@ -77,6 +86,9 @@ class Proposer(ABC):
                 features for at most ``kept`` tokens). What it keeps may change its proposals (so speed, never the
                 greedy output: verification is exact) but only as a function of the calls before: the same calls
                 in the same order propose the same tokens.
+            history: the store of earlier calls' text this call drafts from (``speculative/history.py``; the
+                pipeline's, or the server's per API key), or None: none. Only the proposers that draft from
+                history read it; the others pass it on or ignore it.
         """
 
     @abstractmethod

@@ -37,7 +37,7 @@ class DraftModelProposer(Proposer):
         self.params = SamplingParams()
         self.rng = np.random.default_rng()
 
-    def prefill(self, prompt, params, rng, kept=None) -> None:
+    def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
         self.params, self.rng = params, rng
         self.seen = [int(t) for t in prompt[:-1]]
         self.confirmed = len(self.seen)
@@ -98,9 +98,9 @@ class FirstOfProposer(Proposer):
         self.first, self.second = first, second
         self.branches = first.branches or second.branches
 
-    def prefill(self, prompt, params, rng, kept=None) -> None:
-        self.first.prefill(prompt, params, rng, kept)
-        self.second.prefill(prompt, params, rng, kept)
+    def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
+        self.first.prefill(prompt, params, rng, kept, history)
+        self.second.prefill(prompt, params, rng, kept, history)
 
     def propose(self, context, k) -> Proposal:
         proposal = self.first.propose(context, k)

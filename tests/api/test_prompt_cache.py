@@ -50,7 +50,7 @@ def switch(pipe, n: int = 16, **gen):
 
 
 def test_switching_back_restores_the_snapshot_and_equals_a_fresh_prefill(plain):
-    engine = plain.target
+    engine = plain.engines.target
     fresh = plain.generate(DOC_A, max_new_tokens=16, reuse=False)
     want_kv = engine.cache[..., : engine.length, :].copy()
     a, b, again = switch(plain)
@@ -94,7 +94,7 @@ def test_gpu_engines_take_snapshots_through_their_slot_graphs(tiny_bundle, plain
         ping_pong=ping_pong,
     )  # fmt: skip
     assert engine.can_snapshot and not isinstance(engine.cache, np.ndarray)
-    engines = Engines(engine, verdict=plain.verdict, prompt_cache=PromptCache(64 * 2**20))
+    engines = Engines(engine, verdict=plain.engines.verdict, prompt_cache=PromptCache(64 * 2**20))
     pipe = Pipeline(plain.tokenizer, engines, "plain")
     want = [pipe.generate(doc, max_new_tokens=16, reuse=False) for doc in (DOC_A, DOC_B)]
     a_kv = pipe.generate(DOC_A, max_new_tokens=16, reuse=False) and engine.snapshot()
@@ -108,7 +108,7 @@ def test_gpu_engines_take_snapshots_through_their_slot_graphs(tiny_bundle, plain
 
 
 def test_a_small_limit_holds_what_fits(tiny_bundle, plain):
-    per_token = plain.target.cache[..., :1, :].nbytes + 8
+    per_token = plain.engines.target.cache[..., :1, :].nbytes + 8
     sizes = sorted(per_token * (len(plain.encode(doc)) + 15) / 2**20 for doc in (DOC_A, DOC_B))  # MB: prompt, answer
     pipe = Pipeline.load(tiny_bundle, method="plain", threads=1, prompt_cache_mb=sizes[1] + sizes[0] / 2)  # one
     results = switch(pipe)  # B evicts A's snapshot to be kept, but A was chosen first and is restored
@@ -254,11 +254,11 @@ def test_prefix_files_work_without_a_prompt_cache_and_say_what_is_missing_by_han
     n = second.load_prefix(path)
     got = second.generate(DOC_A + " And?", max_new_tokens=8)
     assert got.token_ids == want and got.stats.reused_tokens == n > 0 and second.engines.prompt_cache is None
-    by_hand = Pipeline(first.tokenizer, Engines(first.target, verdict=first.verdict), "plain")
+    by_hand = Pipeline(first.tokenizer, Engines(first.engines.target, verdict=first.engines.verdict), "plain")
     for call in (lambda: by_hand.save_prefix(tmp_path / "x.prefix", DOC_A), lambda: by_hand.load_prefix(path)):
         with pytest.raises(SpecdecError, match=r"built by hand \(Engines\(...\)\) without one: pass digest=") as e:
             call()
         assert "opened by hand" not in str(e.value)
-    keyed = Pipeline(first.tokenizer, Engines(first.target, verdict=first.verdict, digest=manifest_digest(tiny_bundle)),
-                     "plain")  # fmt: skip
+    target, verdict = first.engines.target, first.engines.verdict
+    keyed = Pipeline(first.tokenizer, Engines(target, verdict=verdict, digest=manifest_digest(tiny_bundle)), "plain")
     assert keyed.load_prefix(path) == n

@@ -86,7 +86,7 @@ def test_cancel_frees_the_engines_at_once_and_reaches_a_waiting_reader(pipe, mon
     # A reader waiting for the engines while a generate holds them sees a cancel within a poll interval. The
     # generate's first target pass waits for ``release``, so the engines are held for as long as the test says.
     held, release, done = threading.Event(), threading.Event(), threading.Event()
-    run = pipe.engine.run
+    run = pipe.decoder.engine.run
 
     def held_run(*args, **kwargs):
         if threading.current_thread() is generating and not held.is_set():
@@ -98,7 +98,7 @@ def test_cancel_frees_the_engines_at_once_and_reaches_a_waiting_reader(pipe, mon
         pipe.generate(PROMPTS[2] * 3, max_new_tokens=120)
         done.set()
 
-    monkeypatch.setattr(pipe.engine, "run", held_run)
+    monkeypatch.setattr(pipe.decoder.engine, "run", held_run)
     slow = pipe.stream(PROMPTS[2], max_new_tokens=40)
     generating = threading.Thread(target=long_generate, daemon=True)
     generating.start()
@@ -298,7 +298,7 @@ def guard_caches(pipe) -> list[str]:
 
         return check
 
-    for engine in (pipe.target, pipe.draft):
+    for engine in (pipe.engines.target, pipe.engines.draft):
         for name in ("run", "commit", "rollback", "reset", "restore"):
             setattr(engine, name, checked(getattr(engine, name), f"{type(engine).__name__}.{name}"))
     return outside

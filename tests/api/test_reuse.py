@@ -56,7 +56,7 @@ def session(
 
 
 def test_engine_holds_the_ids_of_its_committed_slots(plain):
-    e = plain.target
+    e = plain.engines.target
     prefill(e, [5, 6, 7, 8, 9])
     assert e.held == [5, 6, 7, 8, 9] and e.length == 5
     assert e.reusable([5, 6, 7, 1]) == 3 and e.reusable([5, 6, 7, 8, 9, 10, 11]) == 5 and e.reusable([1]) == 0
@@ -140,7 +140,7 @@ def test_a_reused_proposer_proposes_what_a_fresh_one_does(request, fixture, meth
     first = pipe.encode(TURNS[0])
     pipe.generate(TURNS[0], max_new_tokens=12)
     prompt = first + pipe.encode(" " + TURNS[1])[1:]
-    kept = pipe.engine.reusable(prompt[:-1])
+    kept = pipe.decoder.engine.reusable(prompt[:-1])
     assert kept >= len(first) - 1
     reused = proposals(pipe, prompt, kept)
     other = pipe.with_method(method)  # a fresh proposer (and feature tap) over the same engines
@@ -150,7 +150,7 @@ def test_a_reused_proposer_proposes_what_a_fresh_one_does(request, fixture, meth
 
 def proposals(pipe, prompt, kept, steps: int = 4) -> list:
     """The proposals of a few greedy steps after ``prompt`` (the target's own token appended after each)."""
-    engine, proposer = pipe.engine, pipe.proposer
+    engine, proposer = pipe.decoder.engine, pipe.decoder.proposer
     prefill(engine, prompt[:-1], kept=kept or 0)
     if kept is None:
         proposer.prefill(prompt, GREEDY, np.random.default_rng(0))
@@ -172,13 +172,16 @@ def proposals(pipe, prompt, kept, steps: int = 4) -> list:
 def test_lookahead_keeps_its_pool_and_adds_the_new_prompt(plain):
     pipe = plain.with_method("lookahead")
     pipe.generate(TURNS[0], max_new_tokens=12)
-    before = {k: list(v) for k, v in pipe.proposer.pool.items()}
+    before = {k: list(v) for k, v in pipe.decoder.proposer.pool.items()}
     prompt = pipe.encode(TURNS[0] + " " + TURNS[1])
-    pipe.proposer.prefill(prompt, GREEDY, np.random.default_rng(0), pipe.engine.reusable(prompt[:-1]))
-    n = pipe.proposer.ngram
+    pipe.decoder.proposer.prefill(prompt, GREEDY, np.random.default_rng(0), pipe.decoder.engine.reusable(prompt[:-1]))
+    n = pipe.decoder.proposer.ngram
     for i in range(len(prompt) - n + 1):
-        assert tuple(prompt[i + 1 : i + n]) in pipe.proposer.pool[prompt[i]]
-    assert all(set(v) <= set(pipe.proposer.pool[k]) or len(pipe.proposer.pool[k]) >= 4 for k, v in before.items())
+        assert tuple(prompt[i + 1 : i + n]) in pipe.decoder.proposer.pool[prompt[i]]
+    assert all(
+        set(v) <= set(pipe.decoder.proposer.pool[k]) or len(pipe.decoder.proposer.pool[k]) >= 4
+        for k, v in before.items()
+    )
 
 
 def test_the_verdict_measures_whether_a_reused_cache_equals_a_fresh_prefill(tiny_bundle, wide_heads_bundle):

@@ -213,8 +213,8 @@ def test_api_sizes_past_their_bounds(pipe):
     from specdec_edge.tokenizer import MAX_MESSAGES
 
     cases = [
-        ("x" * (MAX_CHARS_PER_TOKEN * pipe.capacity + 1), "characters"),
-        ([{"role": "user", "content": "x" * (MAX_CHARS_PER_TOKEN * pipe.capacity + 1)}], "characters"),
+        ("x" * (MAX_CHARS_PER_TOKEN * pipe.engines.capacity + 1), "characters"),
+        ([{"role": "user", "content": "x" * (MAX_CHARS_PER_TOKEN * pipe.engines.capacity + 1)}], "characters"),
         ([{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1), "messages"),
     ]
     for prompt, word in cases:

@@ -138,7 +138,7 @@ def test_heads_train_on_the_bundles_own_features_with_a_check_per_epoch(tmp_path
 
     seq = _read_part(cached[0])[0]
     with Pipeline.load(chatty_bundle, method="plain", threads=1) as pipe:
-        tap = FeatureTap(pipe.target)
+        tap = FeatureTap(pipe.engines.target)
         prefill(tap, seq["ids"].tolist())
         np.testing.assert_array_equal(tap.features[: len(seq["ids"])].astype(np.float16), seq["features"])
     before = [p.stat().st_mtime_ns for p in cached]

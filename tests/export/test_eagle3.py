@@ -230,8 +230,8 @@ def test_tap_keeps_the_layer_features_of_accepted_paths(plain, eagle3_bundle):
     text = "the quick brown fox jumps over"
     prompt, result = pipe.encode(text), pipe.generate(text, max_new_tokens=24)
     assert result.stats.accepted > 0
-    tap = pipe.engine
-    fresh = Pipeline.load(eagle3_bundle, method="eagle3", threads=1).engine
+    tap = pipe.decoder.engine
+    fresh = Pipeline.load(eagle3_bundle, method="eagle3", threads=1).decoder.engine
     prefill(fresh, (prompt + result.token_ids)[: tap.length])
     assert isinstance(fresh, FeatureTap) and fresh.length == tap.length
     assert np.allclose(tap.layer_features[: tap.length], fresh.layer_features[: fresh.length], atol=1e-4)

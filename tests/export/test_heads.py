@@ -156,9 +156,9 @@ def test_manifest_records_heads(heads_bundle, plain):
     for method in ("eagle", "medusa"):
         pipe = plain.with_method(method)
         prompt = pipe.encode("the quick brown fox jumps over")
-        prefill(pipe.engine, prompt[:-1])
-        pipe.proposer.prefill(prompt, None, None)
-        drafted[method] = pipe.proposer.propose(prompt, 4)
+        prefill(pipe.decoder.engine, prompt[:-1])
+        pipe.decoder.proposer.prefill(prompt, None, None)
+        drafted[method] = pipe.decoder.proposer.propose(prompt, 4)
     tree, eagle = heads["eagle"].tree, drafted["eagle"]
     assert len(eagle.tokens) == tree["nodes"] and max(depths(eagle.parents)) <= tree["depth"]
     assert max(np.unique(eagle.parents, return_counts=True)[1]) <= tree["topk"]
@@ -167,10 +167,10 @@ def test_manifest_records_heads(heads_bundle, plain):
 
 
 def test_pipeline_uses_the_recorded_tree_settings_unless_told_otherwise(plain):
-    eagle = plain.with_method("eagle").proposer
+    eagle = plain.with_method("eagle").decoder.proposer
     assert (eagle.topk, eagle.nodes, eagle.depth) == tuple(RECIPES["eagle"].tree[k] for k in ("topk", "nodes", "depth"))
-    assert plain.with_method("eagle", nodes=9).proposer.nodes == 9
-    medusa = plain.with_method("medusa").proposer
+    assert plain.with_method("eagle", nodes=9).decoder.proposer.nodes == 9
+    medusa = plain.with_method("medusa").decoder.proposer
     assert medusa.paths == [tuple(p) for p in RECIPES["medusa"].tree["tree"]]
 
 
@@ -216,7 +216,7 @@ def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
     from specdec_edge.bench.spec_bench import BenchPrompt, run_bench, to_markdown
 
     typical = plain.with_method("medusa-typical", k=4, epsilon=0.2, delta=0.5)
-    assert (typical.rule.epsilon, typical.rule.delta, typical.rule.lossy) == (0.2, 0.5, True)
+    assert (typical.decoder.rule.epsilon, typical.decoder.rule.delta, typical.decoder.rule.lossy) == (0.2, 0.5, True)
     assert_greedy_equals_plain(plain, typical)  # typical acceptance applies when sampling only (as in Medusa)
     prompts = [BenchPrompt(1, "chat", ["the quick brown fox"])]
     report = run_bench(
@@ -282,15 +282,22 @@ def assert_first_token_keeps_the_distribution(plain, pipe):
     df 7), with enough accepted draft tokens for the test to exercise the rule."""
     params = SamplingParams(temperature=1.0, top_k=8)
     ids = plain.encode([{"role": "user", "content": "the quick brown fox jumps"}])
-    prefill(plain.target, ids[:-1])
-    p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
+    prefill(plain.engines.target, ids[:-1])
+    p = probs_from_logits(plain.engines.target.run(ids[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
     firsts, accepted = [], 0
     for seed in range(1500):
         stats = Stats()
         chunk = next(
             decode(
-                pipe.engine, pipe.proposer, ids, max_new_tokens=2, params=params, k=4, rng=make_rng(seed), stats=stats
+                pipe.decoder.engine,
+                pipe.decoder.proposer,
+                ids,
+                max_new_tokens=2,
+                params=params,
+                k=4,
+                rng=make_rng(seed),
+                stats=stats,
             )
         )
         firsts.append(chunk.tokens[0])
@@ -314,10 +321,10 @@ def test_tree_pass_equals_sequential_branches_and_tap_follows_compaction(plain):
     """An EAGLE tree in one target pass vs each branch run as a chain; then commit a branch."""
     pipe = plain.with_method("eagle", k=4, topk=3, nodes=12)
     prompt = pipe.encode("the quick brown fox jumps over")
-    tap = pipe.engine
+    tap = pipe.decoder.engine
     prefill(tap, prompt[:-1])
-    pipe.proposer.prefill(prompt, None, None)
-    proposal = pipe.proposer.propose(prompt, 4)
+    pipe.decoder.proposer.prefill(prompt, None, None)
+    proposal = pipe.decoder.proposer.propose(prompt, 4)
     parents = np.concatenate([[-1], proposal.parents + 1])
     ids = np.concatenate([[prompt[-1]], proposal.tokens])
     assert len(proposal.tokens) == 12 and proposal.parents.max() >= 0
@@ -353,7 +360,7 @@ def test_errors_say_what_to_do(tiny_bundle, plain):
         plain.with_method("medusa", tree=[(0, 1)])
     with pytest.raises(SpecdecError, match="topk"):
         plain.with_method("eagle", topk=99)
-    assert isinstance(plain.with_method("medusa").proposer, MedusaProposer)
+    assert isinstance(plain.with_method("medusa").decoder.proposer, MedusaProposer)
 
 
 def test_heads_pipeline_without_heavy_imports(heads_bundle):

@@ -469,7 +469,9 @@ def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bu
         engine = fixed_shape_engine(bundle)
         ref = Pipeline.load(bundle, method="plain", threads=1)
         for method in methods:
-            pipe = Pipeline(ref.tokenizer, Engines(engine, heads=ref.heads if method == "eagle" else None), method, 4)
+            pipe = Pipeline(
+                ref.tokenizer, Engines(engine, heads=ref.engines.heads if method == "eagle" else None), method, 4
+            )
             engine.passes = engine.fixed_passes = 0  # count generation only (not the verdict measured on this engine)
             for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
                 want = ref.generate(prompt, max_new_tokens=24).token_ids
@@ -484,7 +486,7 @@ def test_fixed_shape_pipeline_runs_eagle3_heads_exactly(eagle3_bundle):
     engine = fixed_shape_engine(eagle3_bundle)
     ref = Pipeline.load(eagle3_bundle, method="plain", threads=1)
     for method in ("eagle3", "pld-eagle3"):
-        pipe = Pipeline(ref.tokenizer, Engines(engine, heads=ref.heads), method, 4)
+        pipe = Pipeline(ref.tokenizer, Engines(engine, heads=ref.engines.heads), method, 4)
         engine.passes = engine.fixed_passes = 0  # count generation only (not the verdict measured on this engine)
         for prompt in ("The quick brown fox The quick brown fox", "def add(a, b):"):
             result = pipe.generate(prompt, max_new_tokens=24)

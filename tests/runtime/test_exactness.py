@@ -207,50 +207,56 @@ def _dynamic_quantized(bundle, tmp_path):
 
 def test_a_target_that_is_not_batch_invariant_refuses_speculation(tiny_bundle):
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
-    failed = replace(plain.verdict, batch_invariant=False)
+    failed = replace(plain.engines.verdict, batch_invariant=False)
     with pytest.raises(SpecdecError, match="not batch invariant.*'plain'.*--allow-inexact"):
-        Pipeline(plain.tokenizer, Engines(plain.target, verdict=failed), "pld")
-    pipe = Pipeline(plain.tokenizer, Engines(plain.target, verdict=failed), "pld", allow_inexact=True)
+        Pipeline(plain.tokenizer, Engines(plain.engines.target, verdict=failed), "pld")
+    pipe = Pipeline(plain.tokenizer, Engines(plain.engines.target, verdict=failed), "pld", allow_inexact=True)
     assert pipe.exactness.inexact and pipe.generate("the quick", max_new_tokens=4).token_ids
 
 
 def test_quantized_targets_take_chains_and_refuse_branching_trees(tiny_bundle):
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
-    chains = replace(plain.verdict, tree_invariant=False)
-    target = replace(plain.target.graph, dtype="int4")
-    plain.target.graph = target
+    chains = replace(plain.engines.verdict, tree_invariant=False)
+    target = replace(plain.engines.target.graph, dtype="int4")
+    plain.engines.target.graph = target
     try:
-        engines = Engines(plain.target, verdict=chains, step_costs=lambda e, p, hold: plain.engines.step_costs(e, p))
-        assert Pipeline(plain.tokenizer, engines, "pld").proposer.branches is False
+        engines = Engines(
+            plain.engines.target, verdict=chains, step_costs=lambda e, p, hold: plain.engines.step_costs(e, p)
+        )
+        assert Pipeline(plain.tokenizer, engines, "pld").decoder.proposer.branches is False
         with pytest.raises(SpecdecError, match="proposes token trees.*only chain-shaped proposals.*topk=1"):
             Pipeline(plain.tokenizer, engines, "lookahead")
         inexact = Pipeline(plain.tokenizer, engines, "lookahead", allow_inexact=True)
-        assert inexact.proposer.branches and inexact.exactness.inexact
+        assert inexact.decoder.proposer.branches and inexact.exactness.inexact
         auto = Pipeline(plain.tokenizer, engines, "auto")
-        assert not any(c.name == "lookahead" for c in auto.proposer.candidates)  # auto proposes chains only
+        assert not any(c.name == "lookahead" for c in auto.decoder.proposer.candidates)  # auto proposes chains only
     finally:
-        plain.target.graph = replace(target, dtype="fp32")
+        plain.engines.target.graph = replace(target, dtype="fp32")
 
 
 def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
     plain = Pipeline.load(heads_bundle, method="plain", threads=1)
-    chains = replace(plain.verdict, tree_invariant=False)
-    graph = plain.target.graph
-    plain.target.graph = replace(graph, dtype="gguf")
+    chains = replace(plain.engines.verdict, tree_invariant=False)
+    graph = plain.engines.target.graph
+    plain.engines.target.graph = replace(graph, dtype="gguf")
     try:
 
         def make(**o):
             return Pipeline(
-                plain.tokenizer, Engines(plain.target, heads=plain.heads, verdict=chains), "pld-eagle", None, o
+                plain.tokenizer,
+                Engines(plain.engines.target, heads=plain.engines.heads, verdict=chains),
+                "pld-eagle",
+                None,
+                o,
             )
 
         with pytest.raises(SpecdecError, match="proposes token trees"):
             make()  # the bundle's recorded topk 3
         chain = make(topk=1, nodes=4, depth=4)
-        assert not chain.proposer.branches
+        assert not chain.decoder.proposer.branches
         assert chain.generate("the quick brown fox jumps", max_new_tokens=12).token_ids
     finally:
-        plain.target.graph = graph
+        plain.engines.target.graph = graph
 
 
 # ---- key-count boundaries: a real graph whose passes round differently past a key count
@@ -286,7 +292,7 @@ def test_boundaries_are_found_and_no_pass_straddles_them(wide_heads_bundle):
 
 def test_greedy_speculation_across_boundaries_equals_plain(wide_heads_bundle):
     plain = Pipeline.load(wide_heads_bundle, method="plain", threads=1)
-    bounds = plain.verdict.details["boundaries"]
+    bounds = plain.engines.verdict.details["boundaries"]
     prompt = "The quick brown fox jumps over the lazy dog. " * 8  # lookup has something to propose
     ids = plain.encode(prompt)
     assert len(ids) < bounds[0] < len(ids) + 96
@@ -347,7 +353,7 @@ def test_a_device_whose_measurement_fails_refuses_speculation(tiny_bundle, tmp_p
     manifest["files"] = file_table(bundle)
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     pipe = Pipeline.load(bundle, threads=1)  # the default method
-    assert pipe.method == "plain" and not pipe.verdict.batch_invariant
+    assert pipe.method == "plain" and not pipe.engines.verdict.batch_invariant
     with pytest.raises(SpecdecError, match="not batch invariant on .*--allow-inexact"):
         Pipeline.load(bundle, method="pld", threads=1)
     assert Pipeline.load(bundle, method="pld", threads=1, allow_inexact=True).exactness.inexact
@@ -378,11 +384,13 @@ def test_bench_runs_what_users_run_and_marks_what_it_is_told_to_run_inexactly(ti
     from specdec_edge.bench.spec_bench import BenchPrompt, run_bench, to_markdown
 
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
-    target = replace(plain.target.graph, dtype="int4")
-    plain.target.graph = target
+    target = replace(plain.engines.target.graph, dtype="int4")
+    plain.engines.target.graph = target
     try:
         chains = Pipeline(
-            plain.tokenizer, Engines(plain.target, verdict=replace(plain.verdict, tree_invariant=False)), "plain"
+            plain.tokenizer,
+            Engines(plain.engines.target, verdict=replace(plain.engines.verdict, tree_invariant=False)),
+            "plain",
         )
         prompts = [BenchPrompt(1, "writing", ("the quick brown fox the quick brown fox",))]
         report = run_bench(chains, ["plain", "pld", "lookahead"], prompts, max_new_tokens=12, progress=False)
@@ -393,7 +401,7 @@ def test_bench_runs_what_users_run_and_marks_what_it_is_told_to_run_inexactly(ti
                             allow_inexact=True)  # fmt: skip
         assert inexact["meta"]["inexact_methods"] == ["lookahead"] and "lookahead (inexact)" in to_markdown(inexact)
     finally:
-        plain.target.graph = replace(target, dtype="fp32")
+        plain.engines.target.graph = replace(target, dtype="fp32")
 
 
 def test_gpu_engines_get_a_verdict_of_their_own(tiny_bundle, tmp_path):
@@ -407,7 +415,9 @@ def test_gpu_engines_get_a_verdict_of_their_own(tiny_bundle, tmp_path):
         tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(pad_to=8)
     )
     pipe = Pipeline(ref.tokenizer, Engines(padded), "pld", 4)
-    assert pipe.verdict.batch_invariant and pipe.verdict.min_pass_width == 1  # every narrow pass is 8 rows
+    assert (
+        pipe.engines.verdict.batch_invariant and pipe.engines.verdict.min_pass_width == 1
+    )  # every narrow pass is 8 rows
     assert (
         pipe.generate("the quick brown fox", max_new_tokens=12).token_ids
         == ref.generate("the quick brown fox", max_new_tokens=12).token_ids
@@ -477,8 +487,8 @@ def test_greedy_speculation_on_block_tail_rounding_equals_plain(tiny_bundle):
     prompts = ["The quick brown fox jumps over the lazy dog. " * 4, "def add(a, b):\n    return a + b\n" * 3]
     plain = _block_tail_pipeline(tiny_bundle, "plain")
     pld = _block_tail_pipeline(tiny_bundle, "pld")
-    assert pld.verdict.details["bad_residues"]
-    unguarded = _block_tail_pipeline(tiny_bundle, "pld", verdict=replace(pld.verdict, details={}))
+    assert pld.engines.verdict.details["bad_residues"]
+    unguarded = _block_tail_pipeline(tiny_bundle, "pld", verdict=replace(pld.engines.verdict, details={}))
     differs = 0
     for prompt in prompts:
         want = plain.generate(prompt, max_new_tokens=64, reuse=False).token_ids

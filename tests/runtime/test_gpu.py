@@ -52,7 +52,7 @@ def test_cuda_prompt_cache_restores_a_context_from_host_memory(ort_fp16_bundle):
     want = [pipe.generate(d, max_new_tokens=16, reuse=False).token_ids for d in docs]
     got = [pipe.generate(d, max_new_tokens=16) for d in (*docs, docs[0])]
     assert [g.token_ids for g in got] == [*want, want[0]]
-    assert pipe.target.can_snapshot and got[2].stats.restored_tokens > 0
+    assert pipe.engines.target.can_snapshot and got[2].stats.restored_tokens > 0
 
 
 @pytest.mark.trt

@@ -23,8 +23,8 @@ def threads():
     return len(os.listdir("/proc/self/task"))
 
 def pooled(pipe):  # every session of the pipeline, and whether it uses the process-wide pool
-    sessions = [pipe.target.session, *([pipe.draft.session] if pipe.draft else []),
-                *(h.session for h in pipe.heads.values())]
+    sessions = [pipe.engines.target.session, *([pipe.engines.draft.session] if pipe.engines.draft else []),
+                *(h.session for h in pipe.engines.heads.values())]
     return [not s.get_session_options().use_per_session_threads for s in sessions]
 """
 
@@ -58,7 +58,7 @@ def test_not_spinning_gives_each_session_a_sleeping_pool(tiny_bundle):
 before = threads()
 b = Pipeline.load(sys.argv[1], method="draft", threads=3, spinning=False)
 b.generate("the quick", max_new_tokens=4)
-opts = [s.get_session_options() for s in (b.target.session, b.draft.session)]
+opts = [s.get_session_options() for s in (b.engines.target.session, b.engines.draft.session)]
 print(json.dumps({"new_threads": threads() - before, "owner": PROCESS_POOL.owner,
                   "spin": [o.get_session_config_entry("session.intra_op.allow_spinning") for o in opts]}))
 """,
@@ -90,7 +90,7 @@ mine = ort.InferenceSession(model, providers=["CPUExecutionProvider"])  # the ap
 b = Pipeline.load(sys.argv[1], method="draft", threads=2)
 b.generate("the quick", max_new_tokens=4)
 later = ort.InferenceSession(model, providers=["CPUExecutionProvider"])  # and one made afterwards
-opts = b.target.session.get_session_options()
+opts = b.engines.target.session.get_session_options()
 print(json.dumps({"owner": PROCESS_POOL.owner, "pooled": pooled(b),
                   "stop": opts.get_session_config_entry("session.force_spinning_stop")}))
 """,

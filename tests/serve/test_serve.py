@@ -341,7 +341,7 @@ def bad_requests(model: str, capacity: int) -> list[tuple[str, object, int, str 
 
 
 def test_bad_requests_get_4xx_error_objects(served, pipe):
-    for path, body, status, param in bad_requests(served.model, pipe.capacity):
+    for path, body, status, param in bad_requests(served.model, pipe.engines.capacity):
         content = body if isinstance(body, bytes) else json.dumps(body)
         r = served.post(path, content=content)
         assert r.status_code == status, (path, content[:80], r.text)

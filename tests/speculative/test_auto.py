@@ -143,7 +143,7 @@ def heads_plain(heads_bundle):
 
 def test_auto_is_the_default_and_greedy_equals_plain_with_a_draft(tiny_bundle, plain):
     auto = Pipeline.load(tiny_bundle, threads=1)
-    assert auto.method == "auto" and {c.name for c in auto.proposer.candidates} == {
+    assert auto.method == "auto" and {c.name for c in auto.decoder.proposer.candidates} == {
         "pld",
         "history",
         "draft",
@@ -154,7 +154,7 @@ def test_auto_is_the_default_and_greedy_equals_plain_with_a_draft(tiny_bundle, p
 
 def test_auto_greedy_equals_plain_with_heads(heads_bundle, heads_plain):
     auto = Pipeline.load(heads_bundle, threads=1)
-    assert {c.name for c in auto.proposer.candidates} == {"pld", "history", "eagle", "medusa", "lookahead"}
+    assert {c.name for c in auto.decoder.proposer.candidates} == {"pld", "history", "eagle", "medusa", "lookahead"}
     assert_greedy_equals_plain(heads_plain, auto)
 
 
@@ -162,13 +162,13 @@ def test_auto_greedy_equals_plain_when_every_option_is_tried(heads_plain, monkey
     """With width free and probes every other step, auto verifies every proposer's proposals in turn."""
     monkeypatch.setattr("specdec_edge.speculative.auto.PROBE_EVERY", 2)
     pipe = heads_plain.with_method("auto")
-    pipe.proposer.costs = scripted_costs(0.0)
-    for c in pipe.proposer.candidates:
+    pipe.decoder.proposer.costs = scripted_costs(0.0)
+    for c in pipe.decoder.proposer.candidates:
         c.probe_every = 2
     assert_greedy_equals_plain(heads_plain, pipe)
     pipe = heads_plain.with_method("auto")  # fresh: failed probes back off, so the loop above spent lookahead's
-    pipe.proposer.costs = scripted_costs(0.0)
-    for c in pipe.proposer.candidates:
+    pipe.decoder.proposer.costs = scripted_costs(0.0)
+    for c in pipe.decoder.proposer.candidates:
         c.probe_every = 2
     used = set()
     for prompt in TEXTS:
@@ -182,17 +182,19 @@ def test_auto_sampling_keeps_the_target_distribution(heads_plain):
     auto choosing among pld, EAGLE, Medusa and lookahead proposals (width free, so it always speculates)."""
     params = SamplingParams(temperature=1.0, top_k=8)
     prompt = heads_plain.encode("the quick brown fox jumps over the lazy dog the quick brown")
-    prefill(heads_plain.target, prompt[:-1])
-    p = probs_from_logits(heads_plain.target.run(prompt[-1:]).logits, params)[0]
+    prefill(heads_plain.engines.target, prompt[:-1])
+    p = probs_from_logits(heads_plain.engines.target.run(prompt[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
     pipe = heads_plain.with_method("auto")
-    auto = pipe.proposer
+    auto = pipe.decoder.proposer
     auto.costs = scripted_costs(0.0)
     firsts, accepted = [], 0
     for seed in range(1500):
         stats = Stats()
         step = next(
-            decode(pipe.engine, auto, prompt, max_new_tokens=2, params=params, k=4, rng=make_rng(seed), stats=stats)
+            decode(
+                pipe.decoder.engine, auto, prompt, max_new_tokens=2, params=params, k=4, rng=make_rng(seed), stats=stats
+            )
         )
         firsts.append(step.tokens[0])
         accepted += stats.accepted
@@ -204,7 +206,7 @@ def test_auto_sampling_keeps_the_target_distribution(heads_plain):
 
 
 def test_auto_builds_chains_only_where_trees_are_not_exact(heads_plain):
-    res = Resources(heads_plain.engine, None, heads_plain.heads, trees=False)
+    res = Resources(heads_plain.decoder.engine, None, heads_plain.engines.heads, trees=False)
     candidates = auto_candidates(res, {})
     assert {c.name for c in candidates} == {"pld", "eagle", "medusa"}  # no lookahead: its window is a tree
     assert not any(c.proposer.branches for c in candidates)
@@ -230,7 +232,7 @@ def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monke
 
     def load(bundle, threads):
         pipe = Pipeline.load(bundle, method="auto", threads=threads, progress=lines.append)
-        return pipe.proposer.costs
+        return pipe.decoder.proposer.costs
 
     first = load(tiny_bundle, 1)
     measured = sum("measuring" in line for line in lines)
@@ -312,7 +314,7 @@ def test_a_damaged_cost_file_is_measured_again(tmp_path, monkeypatch, tiny_bundl
     assert sum("measuring" in line for line in lines) == 1  # measured again, and the file rewritten
     assert again.generate("the quick brown fox", max_new_tokens=8).token_ids
     assert CostModel.from_json(json.loads(path.read_text())).seconds[0][0] > 0
-    assert first.proposer.costs.widths == again.proposer.costs.widths
+    assert first.decoder.proposer.costs.widths == again.decoder.proposer.costs.widths
 
 
 def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, monkeypatch, tiny_bundle):

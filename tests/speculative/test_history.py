@@ -16,15 +16,8 @@ import pytest
 
 from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
-from specdec_edge.speculative.history import (
-    _BYTES_PER_TOKEN,
-    LEVELS,
-    MAX_MATCH,
-    MIN_TOKENS,
-    HistoryProposer,
-    HistorySlot,
-    HistoryStore,
-)
+from specdec_edge.speculative.history import HistoryProposer
+from specdec_edge.speculative.history_store import _BYTES_PER_TOKEN, LEVELS, MAX_MATCH, MIN_TOKENS, HistoryStore
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.stats import Stats
 from tests.speculative.test_acceptance import CHI2_CRIT_DF7_P001
@@ -210,18 +203,26 @@ def test_history_sampling_keeps_the_target_distribution(plain):
     the history store proposing the target's likeliest next token (and more) after the prompt."""
     params = SamplingParams(temperature=1.0, top_k=8)  # no seed: history is drafted from
     prompt = plain.encode("the quick brown fox jumps over")
-    prefill(plain.target, prompt[:-1])
-    p = probs_from_logits(plain.target.run(prompt[-1:]).logits, params)[0]
+    prefill(plain.engines.target, prompt[:-1])
+    p = probs_from_logits(plain.engines.target.run(prompt[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
     store = store_of(4096)
     store.add([*prompt, int(np.argmax(p)), 7, 8, 9])
-    proposer = HistoryProposer(HistorySlot(store), min_match=2)
+    proposer = HistoryProposer(min_match=2)
     firsts, accepted, proposed = [], 0, 0
     for seed in range(1500):
         stats = Stats()
         step = next(
             decode(
-                plain.target, proposer, prompt, max_new_tokens=3, params=params, k=3, rng=make_rng(seed), stats=stats
+                plain.engines.target,
+                proposer,
+                prompt,
+                max_new_tokens=3,
+                params=params,
+                k=3,
+                history=store,
+                rng=make_rng(seed),
+                stats=stats,
             )
         )
         firsts.append(step.tokens[0])

@@ -83,13 +83,13 @@ def test_lookahead_sampling_keeps_the_target_distribution(plain):
 
     params = SamplingParams(temperature=1.0, top_k=8)
     ids = plain.encode("the quick brown fox jumps over")
-    prefill(plain.target, ids[:-1])
-    p = probs_from_logits(plain.target.run(ids[-1:]).logits, params)[0]
+    prefill(plain.engines.target, ids[:-1])
+    p = probs_from_logits(plain.engines.target.run(ids[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
     # The prompt repeats (pending, x) for the likely x: lookahead's pool proposes them as siblings.
     prompt = ids + [t for x in support[:4] for t in (ids[-1], int(x), 7)] + [ids[-1]]
-    prefill(plain.target, prompt[:-1])
-    p = probs_from_logits(plain.target.run(prompt[-1:]).logits, params)[0]
+    prefill(plain.engines.target, prompt[:-1])
+    p = probs_from_logits(plain.engines.target.run(prompt[-1:]).logits, params)[0]
     support = np.flatnonzero(p)
     pipe = plain.with_method("lookahead", k=3, window=2, ngram=3, guesses=4)
     firsts, accepted = [], 0
@@ -97,8 +97,8 @@ def test_lookahead_sampling_keeps_the_target_distribution(plain):
         stats = Stats()
         step = next(
             decode(
-                pipe.engine,
-                pipe.proposer,
+                pipe.decoder.engine,
+                pipe.decoder.proposer,
                 prompt,
                 max_new_tokens=2,
                 params=params,
@@ -232,7 +232,7 @@ class OracleTreeProposer(Proposer):
 
 
 def test_compaction_continues_like_a_plain_chain(plain):
-    target = plain.target
+    target = plain.engines.target
     for prompt in many_prompts(8, seed=5):
         ids = plain.encode(prompt)
         ref = plain.generate(prompt, max_new_tokens=30)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.tree import depths, path_to
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.history import HistoryStore
@@ -21,21 +22,17 @@ from specdec_edge.speculative.loop import prefill, verify
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.proposal import Proposal
 
-# method -> the bundle fixture that can run it (a new method must be added here: the registry is checked below)
-BUNDLE = {
-    "plain": "tiny_bundle",
-    "auto": "heads_bundle",
-    "draft": "tiny_bundle",
-    "pld": "tiny_bundle",
-    "history": "tiny_bundle",
-    "lookahead": "tiny_bundle",
-    "eagle": "heads_bundle",
-    "medusa": "heads_bundle",
-    "medusa-typical": "heads_bundle",
-    "pld-eagle": "heads_bundle",
-    "eagle3": "eagle3_bundle",
-    "pld-eagle3": "eagle3_bundle",
-}
+
+def bundle_fixture(method: str) -> str:
+    """The bundle fixture that runs ``method``, from what the registry says it needs: the EAGLE-3 bundle, the one with
+    EAGLE and Medusa heads (also for ``auto``, which then has every candidate), else the one with a draft model."""
+    needs = set(METHODS[method].needs)
+    if "eagle3" in needs:
+        return "eagle3_bundle"
+    return "heads_bundle" if needs & {"eagle", "medusa"} or method == "auto" else "tiny_bundle"
+
+
+BUNDLE = {name: bundle_fixture(name) for name in METHODS}  # every registered method
 # Proposers whose proposals depend on more than the context: lookahead's Jacobi window and n-gram pool
 # remember what earlier steps guessed.
 HISTORY_DEPENDENT = {"lookahead", "auto"}  # auto: its choices follow what it has measured and learned
@@ -46,8 +43,10 @@ PATTERNS = [(9, True), (0, True), (2, True), (1, False), (9, True), (3, True), (
 K = 4
 
 
-def test_every_registered_method_is_covered():
-    assert set(BUNDLE) == set(METHODS)
+def test_every_registered_method_has_a_bundle_that_runs_it(request):
+    for name, fixture in BUNDLE.items():
+        manifest = read_manifest(request.getfixturevalue(fixture))
+        assert METHODS[name].missing(manifest.draft is not None, list(manifest.heads)) is None, (name, fixture)
 
 
 def check_well_formed(proposal: Proposal, k: int, vocab: int, greedy: bool, max_depth: int) -> None:
@@ -76,10 +75,10 @@ def scripted_path(proposal: Proposal, n: int) -> np.ndarray:
     return np.array(path_to(proposal.parents, int(np.flatnonzero(d == level)[-1])), dtype=np.int64)
 
 
-def fresh_proposal(fresh: Pipeline, context: list[int], params, rng_seed: int) -> Proposal:
-    prefill(fresh.engine, context[:-1])
-    fresh.proposer.prefill(context, params, np.random.default_rng(rng_seed))
-    return fresh.proposer.propose(context, K)
+def fresh_proposal(fresh: Pipeline, context: list[int], params, rng_seed: int, history) -> Proposal:
+    prefill(fresh.decoder.engine, context[:-1])
+    fresh.decoder.proposer.prefill(context, params, np.random.default_rng(rng_seed), history=history)
+    return fresh.decoder.proposer.propose(context, K)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0)], ids=["greedy", "sampling"])
@@ -88,20 +87,19 @@ def test_proposer_follows_the_contract(method, params, request):
     bundle = request.getfixturevalue(BUNDLE[method])
     pipe = Pipeline.load(bundle, method=method, k=K, threads=1)
     fresh = Pipeline.load(bundle, method=method, k=K, threads=1)  # own engines: a proposer from scratch
-    engine, proposer, vocab = pipe.engine, pipe.proposer, pipe.target.vocab_size
+    engine, proposer, vocab = pipe.decoder.engine, pipe.decoder.proposer, pipe.engines.target.vocab_size
     rng = np.random.default_rng(7)
     context = pipe.encode("the quick brown fox jumps over the lazy dog the quick brown fox")
     store = HistoryStore()  # an earlier call that saw this text, and more (read only here: both draft from it)
     store.add(context + [int(t) for t in rng.integers(3, vocab, 40)])
-    pipe.history_slot.store = fresh.history_slot.store = store
     prefill(engine, context[:-1])
-    proposer.prefill(context, params, np.random.default_rng(0))
+    proposer.prefill(context, params, np.random.default_rng(0), history=store)
     proposed = 0
     for n, with_token in PATTERNS:
         proposal = proposer.propose(context, K)
         check_well_formed(proposal, K, vocab, params.greedy, MAX_DEPTH.get(method, K))
         if method not in HISTORY_DEPENDENT:
-            want = fresh_proposal(fresh, context, params, 0)
+            want = fresh_proposal(fresh, context, params, 0, store)
             if proposal.probs is not None:  # sampled drafts: the first token's distribution follows the context
                 np.testing.assert_allclose(proposal.probs[0], want.probs[0], atol=1e-5)
             else:
@@ -130,7 +128,7 @@ def test_pld_eagle_proposes_by_both_branches(heads_bundle):
     plain = Pipeline.load(heads_bundle, method="plain", threads=1)
     pipe = plain.with_method("pld-eagle", k=K)
     steps = {"first": 0, "second": 0}  # steps whose proposal each branch made
-    first, second = pipe.proposer.first.propose, pipe.proposer.second.propose
+    first, second = pipe.decoder.proposer.first.propose, pipe.decoder.proposer.second.propose
 
     def by_first(context, k):
         proposal = first(context, k)
@@ -141,7 +139,7 @@ def test_pld_eagle_proposes_by_both_branches(heads_bundle):
         steps["second"] += 1
         return second(context, k)
 
-    pipe.proposer.first.propose, pipe.proposer.second.propose = by_first, by_second
+    pipe.decoder.proposer.first.propose, pipe.decoder.proposer.second.propose = by_first, by_second
     for prompt in (
         "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over",
         "speculative decoding verifies draft tokens",
