@@ -170,10 +170,10 @@ def test_greedy_decoding_is_the_same_with_one_row_passes(tiny_bundle):
     """Where the device's verdict runs one-row passes unpadded (attention padded inside the graph), greedy decoding
     equals decoding with every one-row pass padded to two on the host, and speculation equals both."""
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
-    if plain.verdict.min_pass_width != 1:
-        pytest.skip(f"one-row passes round differently on this CPU: {plain.verdict.details.get('one_row_form')}")
+    if plain.engines.verdict.min_pass_width != 1:
+        pytest.skip(f"one-row passes round differently on this CPU: {plain.engines.verdict.details.get('one_row_form')}")
     padded = Pipeline.load(tiny_bundle, method="plain", threads=1)
-    padded.target.min_width = 2
+    padded.engines.target.min_width = 2
     from tests.speculative.test_methods import assert_greedy_equals_plain, many_prompts
 
     prompts = many_prompts()[:12]
@@ -546,7 +546,7 @@ def test_rows_shared_between_widths_are_keyed_by_the_kv_they_follow(tiny_bundle)
 @pytest.mark.parametrize(
     "edit",
     [
-        lambda v: v.update(min_pass_width=1),
+        lambda v: v.update(min_pass_width=3 - v["min_pass_width"]),  # 1 <-> 2: a change whatever this CPU measured
         lambda v: v.update(max_width=64, batch_invariant=True, tree_invariant=True),
         lambda v: v["details"].update(boundaries=[7, 300]),
         lambda v: v["details"].update(bad_residues={"2": [1, 5]}),
