@@ -171,7 +171,9 @@ def test_greedy_decoding_is_the_same_with_one_row_passes(tiny_bundle):
     equals decoding with every one-row pass padded to two on the host, and speculation equals both."""
     plain = Pipeline.load(tiny_bundle, method="plain", threads=1)
     if plain.engines.verdict.min_pass_width != 1:
-        pytest.skip(f"one-row passes round differently on this CPU: {plain.engines.verdict.details.get('one_row_form')}")
+        pytest.skip(
+            f"one-row passes round differently on this CPU: {plain.engines.verdict.details.get('one_row_form')}"
+        )
     padded = Pipeline.load(tiny_bundle, method="plain", threads=1)
     padded.engines.target.min_width = 2
     from tests.speculative.test_methods import assert_greedy_equals_plain, many_prompts
