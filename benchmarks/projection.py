@@ -292,14 +292,19 @@ def time_genai(folder: Path, threads: int, contexts, widths, rounds: int, reps: 
 
 
 def full_depth(by_layers: dict, layers: int) -> dict:
-    """{context: {width: ms}} at ``layers`` layers, linear in the layer count through the two smallest measured."""
+    """{context: {width: ms}} at ``layers`` layers, linear in the layer count through the two smallest measured.
+
+    NaN where the deeper graph did not measure slower than the shallower one, or the fixed part came out negative:
+    the difference is noise there (a run of 2026-12-02 with 2 rounds printed negative passes), so nothing is
+    projected from it; more ``--rounds``/``--reps`` or a wider ``--layers`` pair are the fix."""
     (l1, a), (l2, b) = sorted(by_layers.items())[:2]
     out = {}
     for ctx in a:
         out[ctx] = {}
         for w in a[ctx]:
             per_layer = (b[ctx][w] - a[ctx][w]) / (l2 - l1)
-            out[ctx][w] = a[ctx][w] - l1 * per_layer + layers * per_layer
+            fixed = a[ctx][w] - l1 * per_layer
+            out[ctx][w] = fixed + layers * per_layer if per_layer > 0 and fixed >= 0 else float("nan")
     return out
 
 

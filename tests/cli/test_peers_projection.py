@@ -55,6 +55,15 @@ def test_depth_is_extrapolated_linearly_from_two_depths():
     assert full_depth(measured, 16) == {256: {1: 4.0 + 16 * 4.0, 2: 4.0 + 16 * 5.0}}
 
 
+def test_depth_is_not_projected_from_noise():
+    """A deeper graph measured no slower (or a negative fixed part) projects nothing, rather than a negative pass."""
+    import math
+
+    measured = {2: {256: {1: 12.0, 2: 14.0}}, 4: {256: {1: 11.0, 2: 40.0}}}  # width 2: fixed part -12 ms
+    out = full_depth(measured, 16)[256]
+    assert math.isnan(out[1]) and math.isnan(out[2])
+
+
 def test_pass_cost_pads_interpolates_and_extrapolates():
     costs = {1: 9.0, 2: 10.0, 3: 11.0, 5: 15.0, 8: 24.0}
     assert pass_cost(costs, 1) == 10.0  # padded to two rows, as our gguf bundles run it
