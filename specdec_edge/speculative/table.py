@@ -75,13 +75,17 @@ class NgramTable:
 
     def lookup(self, context: Sequence[int]) -> tuple[int, float] | None:
         """(next token, its share) for the longest order whose context ends ``context``, or None."""
-        for n in range(min(MAX_ORDER, len(context)), 0, -1):
-            if n not in self.orders:
+        tail = [int(t) for t in context[-MAX_ORDER:]]
+        for n in range(len(tail), 0, -1):
+            arrays = self.orders.get(n)
+            if arrays is None:
                 continue
-            keys, nxt, share = self.orders[n]
-            key = _pack(np.asarray([context[-n:]]), self.vocab)[0]
-            i = int(np.searchsorted(keys, key))
-            if i < len(keys) and keys[i] == key:
+            keys, nxt, share = arrays
+            key = 0
+            for token in tail[-n:]:  # _pack's key, in Python ints: no arrays made per drafted token
+                key = key * self.vocab + token
+            i = int(keys.searchsorted(np.uint64(key)))
+            if i < len(keys) and int(keys[i]) == key:
                 return int(nxt[i]), float(share[i])
         return None
 
