@@ -6,97 +6,21 @@ stop strings and seeds; disconnects cancel; a full queue answers 429; timeouts; 
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
-import re
-import resource
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdec_edge import Pipeline
-from tests.tiny_models import make_model
+from tests.serve.servers import KEY, LONG, Served, long_base_bundle, slow_server
 
-ROOT = Path(__file__).resolve().parents[2]
-KEY = "test-key-123"
 PROMPTS = ["The quick brown fox", "Speculative decoding proposes", "def add(a, b):", "héllo wörld", "Summarize"]
-LONG = 16000  # new tokens the long bundle can give: over 10 s of generation here, far beyond --timeout 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
-    """A `specdec-edge serve` process and how to reach it."""
-
-    def __init__(self, bundle: Path, log: Path, *args: str, files: tuple[int, int] | None = None):
-        """``files``: the (soft, hard) limit of open files the server starts with."""
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.model = bundle.name
-        self.log = log
-        command = [sys.executable, "-c", "from specdec_edge.cli import main; main()", "serve", str(bundle)]
-        command += ["--port", str(self.port), "--threads", "1", *args]
-        with open(log, "w") as out:
-            limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, files)) if files else None
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=limit)
-        self.http = httpx.Client(base_url=self.url, timeout=60)  # one client: each new one costs ~0.1 s here
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, f"the server exited:\n{log.read_text()}"
-            with contextlib.suppress(httpx.TransportError):
-                if self.http.get("/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, f"the server did not come up:\n{log.read_text()}"
-            time.sleep(0.2)
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=KEY, max_retries=0, **kw)
-
-    def post(self, path: str, body=None, *, content=None, key: str | None = KEY, **kw) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-        if body is not None:
-            content = json.dumps(body)
-        return self.http.post(path, content=content, headers=headers, **kw)
-
-    def metrics(self) -> dict[str, float]:
-        text = self.http.get("/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-        return out
-
-    def queue(self) -> int:
-        return self.http.get("/health").json()["queue"]
-
-    def wait_idle(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while self.queue() > 0:
-            assert time.monotonic() < deadline, "the server did not get idle"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.http.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -116,16 +40,7 @@ def pipe(tiny_bundle):
 
 @pytest.fixture(scope="module")
 def long_bundle(tmp_path_factory):
-    """A tiny base model without a chat template, with room for LONG new tokens."""
-    from specdec_edge.export.exporter import export_bundle
-
-    model = make_model(tmp_path_factory.mktemp("models") / "long-base", layers=2, seed=0, max_position_embeddings=16384)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
-    (model / "chat_template.jinja").unlink(missing_ok=True)
-    out = tmp_path_factory.mktemp("bundles") / "long-base"
-    return export_bundle(str(model), out, capacity=16384, progress=False)
+    return long_base_bundle(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -136,11 +51,7 @@ def long_plain(long_bundle):
 
 @pytest.fixture(scope="module")
 def slow(long_bundle, tmp_path_factory):
-    """The long bundle, plain decoding, one waiting request at most, a 3-second timeout."""
-    log = tmp_path_factory.mktemp("serve") / "slow.log"
-    server = Served(Path(long_bundle), log, "--method", "plain", "--max-queue", "1", "--timeout", "3", "--api-key", KEY)
-    yield server
-    server.stop()
+    yield from slow_server(long_bundle, tmp_path_factory)
 
 
 def test_command_help_and_errors(tmp_path):
@@ -547,99 +458,6 @@ def test_each_api_key_has_its_own_history(tiny_bundle, tmp_path):
         assert "for each of the 2 API keys" in server.log.read_text()
     finally:
         server.stop()
-
-
-def raw_request(port: int, data: bytes) -> socket.socket:
-    """A connection that has sent ``data`` (part of a request) and waits."""
-    raw = socket.create_connection(("127.0.0.1", port))
-    raw.sendall(data)
-    return raw
-
-
-def closed_within(raw: socket.socket, seconds: float) -> tuple[bytes, float]:
-    """What the server sent before closing ``raw`` and when it closed (seconds from now); fails past ``seconds``."""
-    started, got = time.monotonic(), b""
-    raw.settimeout(seconds)
-    try:
-        while chunk := raw.recv(65536):
-            got += chunk
-    except TimeoutError:
-        pytest.fail(f"the server kept the connection open over {seconds} s (it sent {got[:200]!r})")
-    except ConnectionResetError:
-        pass
-    raw.close()
-    return got, time.monotonic() - started
-
-
-def test_requests_that_never_arrive_are_cut_at_their_deadlines(slow):
-    """--timeout 3: a connection that sends nothing, one whose headers never end, one whose body never ends: each is
-    closed within the deadline (the last two told why: 408), and the server answers on."""
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n".encode()
-    silent = raw_request(slow.port, b"")
-    half_header = raw_request(slow.port, head)
-    half_body = raw_request(slow.port, head + b"Content-Length: 1000\r\n\r\n" + b'{"model": "x", "prompt"')
-    for raw, answer in ((silent, b""), (half_header, b"408"), (half_body, b"408")):
-        got, seconds = closed_within(raw, 6)
-        assert answer in got[:12] and seconds < 4.5, (got[:300], seconds)
-    assert b"body did not arrive" in got
-    r = slow.post("/v1/completions", {"model": slow.model, "prompt": "Hi", "max_tokens": 2})
-    assert r.status_code == 200, r.text
-
-
-def test_the_timeout_counts_from_the_first_byte(slow):
-    """Headers sent slowly over 2 s, then a request that would generate for long: the 504 comes 3 s (--timeout) after
-    the request's first byte, not 3 s after its headers."""
-    body = json.dumps({"model": slow.model, "prompt": "The quick brown fox", "max_tokens": LONG, "temperature": 0})
-    raw = raw_request(slow.port, b"POST /v1/completions HTTP/1.1\r\n")
-    started = time.monotonic()
-    time.sleep(2)
-    raw.sendall(f"Host: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
-    raw.settimeout(10)
-    got = raw.recv(65536)
-    seconds = time.monotonic() - started
-    raw.close()
-    assert got.startswith(b"HTTP/1.1 504") and seconds < 4.5, (got[:200], seconds)
-    slow.wait_idle()
-
-
-def test_hundreds_of_idle_connections_leave_the_server_answering(tiny_bundle, tmp_path):
-    """A server started with 160 open files (hard limit 320) raises the limit to 320 and keeps its connections below
-    it: 600 idle connections never exhaust the descriptors (the oldest waiting ones give way), /health answers
-    throughout, and asyncio's accept error is not logged at all."""
-    log = tmp_path / "idle.log"
-    server = Served(Path(tiny_bundle), log, "--method", "plain", files=(160, 320))
-    idle = []
-    try:
-        limits = Path(f"/proc/{server.proc.pid}/limits").read_text()
-        assert re.search(r"Max open files\s+320\s+320", limits), limits
-        process = psutil.Process(server.proc.pid)
-        assert "Connections: at most " in log.read_text() and "open-files limit leaves fewer" in log.read_text()
-        for i in range(600):
-            idle.append(raw_request(server.port, b"" if i % 2 else b"GET /health HTTP/1.1\r\n"))
-            if i % 100 == 99:
-                assert httpx.get(server.url + "/health", timeout=5).status_code == 200
-        assert process.num_fds() < 320 - 32, process.num_fds()
-        assert (
-            server.post("/v1/completions", {"model": server.model, "prompt": "Hi", "max_tokens": 2}).status_code == 200
-        )
-    finally:
-        for raw in idle:
-            raw.close()
-        server.stop()
-    assert "out of system resource" not in log.read_text()
-
-
-def test_accept_errors_are_logged_once_a_minute():
-    """Should accept still run out of descriptors (another process's share, say), asyncio's error on every try is
-    let through once a minute, other records always."""
-    import logging
-
-    from specdec_edge.serve.connections import OncePerMinute
-
-    quiet = OncePerMinute()
-    record = lambda msg: logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)  # noqa: E731
-    passed = [quiet.filter(record("socket.accept() out of system resource")) for _ in range(1000)]
-    assert passed.count(True) == 1 and all(quiet.filter(record("another error")) for _ in range(3))
 
 
 # Fields of the OpenAI, vLLM, llama.cpp and Ollama APIs with a value that would change the answer: each is refused
