@@ -70,25 +70,39 @@ class ShardReport:
 
 
 def model_identity(root: Path, manifest) -> dict:
-    """What makes two bundles write the same corpus: the target graph's and tokenizer's bytes (the manifest's
-    sha256 of each of their files), not the export machine's verdicts recorded beside them."""
+    """Which model's answers a corpus holds: the source model (its file or hub name, not where this machine
+    keeps it), the weights' dtype and the tokenizer's bytes. Not the graph's bytes: an exporter that changes how
+    the same weights are computed (another padding, another fused op) still writes the same model's answers, and
+    the corpus must outlive such changes. Each shard records the bytes that wrote it (``graph_digest``)."""
+    tokenizer = manifest.files.get(manifest.tokenizer.file)
+    tokenizer_sha = tokenizer["sha256"] if isinstance(tokenizer, dict) else str(tokenizer)
+    return {
+        "source": Path(manifest.target.source).name,
+        "dtype": manifest.target.graph.dtype,
+        "vocab_size": manifest.target.graph.vocab_size,
+        "tokenizer_sha256": tokenizer_sha,
+    }
+
+
+def graph_digest(manifest) -> str:
+    """The sha256 of the target graph's and tokenizer's files as the manifest records them: which exported
+    bytes wrote a shard (provenance; the corpus's identity is the model's, ``model_identity``)."""
     graph_dir = str(Path(manifest.target.graph.path).parent)
     keep = sorted(
         (name, rec["sha256"] if isinstance(rec, dict) else str(rec))
         for name, rec in manifest.files.items()
         if name == manifest.tokenizer.file or name.startswith(graph_dir + "/") or name == manifest.target.graph.path
     )
-    digest = hashlib.sha256(json.dumps(keep).encode()).hexdigest()
-    source = Path(manifest.target.source).name  # the model's name, not where this machine keeps it
-    return {"model_digest": digest, "source": source, "vocab_size": manifest.target.graph.vocab_size}
+    return hashlib.sha256(json.dumps(keep).encode()).hexdigest()
 
 
 class Corpus:
     """The shards in one folder: checked when opened, appended to by ``add_shard``."""
 
-    def __init__(self, folder: str | Path, identity: dict, settings: CorpusSettings):
+    def __init__(self, folder: str | Path, identity: dict, settings: CorpusSettings, bundle: str | None = None):
         self.folder = Path(folder)
         self.identity, self.settings = identity, settings
+        self.bundle = bundle  # the writing bundle's ``graph_digest``; None when only reading
         self.dtype = np.uint16 if identity["vocab_size"] <= 65536 else np.uint32
         self.folder.mkdir(parents=True, exist_ok=True)
         self.shards: list[dict] = []
@@ -154,6 +168,7 @@ class Corpus:
             "format": FORMAT,
             "shard": index,
             "identity": self.identity,
+            "graph_digest": self.bundle,
             "settings": asdict(self.settings),
             "seed": shard_seed(self.settings.seed, index),
             "ids_dtype": np.dtype(self.dtype).name,
@@ -193,7 +208,9 @@ def shard_seed(seed: int, index: int) -> int:
 
 def _difference(shard: dict, identity: dict, settings: dict) -> str:
     if shard.get("identity") != identity:
-        return f"model {shard.get('identity')} vs this bundle's {identity}"
+        theirs = shard.get("identity") or {}
+        differ = [f"{k} {theirs.get(k)!r} vs this bundle's {v!r}" for k, v in identity.items() if theirs.get(k) != v]
+        return "; ".join(differ)
     theirs = shard.get("settings") or {}
     return ", ".join(f"{k}={theirs.get(k)!r} vs {v!r}" for k, v in settings.items() if theirs.get(k) != v)
 
@@ -323,7 +340,8 @@ def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, an
     from specdec_edge.bundle.manifest import read_manifest
 
     root = Path(bundle)
-    corpus = Corpus(folder, model_identity(root, read_manifest(root)), settings)
+    manifest = read_manifest(root)
+    corpus = Corpus(folder, model_identity(root, manifest), settings, bundle=graph_digest(manifest))
     corpus.drop_unfinished()
     filters = NearDuplicates()
     for text in corpus.requests:

@@ -77,6 +77,24 @@ def test_a_damaged_or_foreign_shard_is_refused_by_name(tmp_path, grown, chatty_b
         Corpus.read(folder)
 
 
+def test_the_same_model_exported_anew_continues_the_corpus_and_another_model_is_refused(
+    tmp_path, grown, chatty_dir, tiny_self_bundle
+):
+    """The corpus holds a model's answers, not one graph's bytes: a re-export whose graph differs (here with
+    no hidden-states output) continues it, and each shard records the graph that wrote it."""
+    from specdec_edge.export.exporter import export_bundle
+
+    folder = tmp_path / "c"
+    shutil.copytree(grown, folder)
+    plainer = export_bundle(str(chatty_dir), tmp_path / "again", capacity=256, progress=False)
+    grow(plainer, folder, SETTINGS, answer_tokens_goal=10**6, max_shards=1, threads=1, log=lambda m: 0)
+    corpus = Corpus.read(folder)
+    assert len(corpus.shards) == 2 and corpus.shards[0]["identity"] == corpus.shards[1]["identity"]
+    assert corpus.shards[0]["graph_digest"] != corpus.shards[1]["graph_digest"]
+    with pytest.raises(ExportError, match=r"shard-00000.json is foreign: written by another model.*source"):
+        grow(tiny_self_bundle, folder, SETTINGS, answer_tokens_goal=1, log=lambda m: 0)
+
+
 def test_a_missing_shard_in_the_middle_is_named(tmp_path, grown):
     folder = tmp_path / "c"
     shutil.copytree(grown, folder)
