@@ -55,7 +55,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import DEFAULT_GPU, PAD_TO, Engine, GpuOptions, StepOutput, pad_step, widen_bias
+from specdec_edge.runtime.base import DEFAULT_GPU, PAD_TO, CachedEngine, GpuOptions, StepOutput, pad_step, widen_bias
 from specdec_edge.runtime.prebuilt import engine_cache_dir, find_prebuilt
 from specdec_edge.runtime.sessions import bind_host_outputs, create_session, require_provider, session_options
 from specdec_edge.runtime.trt_profiles import tensorrt_ep_options
@@ -144,7 +144,7 @@ def write_slots_model(cache_dtype: str) -> bytes:
     return _model("kv_write", nodes, inputs, [_tensor_info("cache_out", elem, CACHE_DIMS)])
 
 
-class OrtGpuEngine(Engine):
+class OrtGpuEngine(CachedEngine):
     """Runs one bundle graph on ONNX Runtime's CUDA or TensorRT EP with a device-resident KV cache (batch 1)."""
 
     def __init__(
