@@ -63,10 +63,13 @@ ATTENTION_ROWS_KEY = "specdec_edge.attention_rows"
 
 @dataclass(frozen=True)
 class GpuOptions:
-    """How the GPU engines run passes (``Pipeline.load(pad_to=..., cuda_graph=...)``)."""
+    """How the GPU engines run passes (``Pipeline.load(pad_to=..., cuda_graph=...)``; the last two fields are
+    ``OrtGpuEngine``'s, for tests that run its code on the CPU)."""
 
     pad_to: int | None = None  # pad narrower passes to this many rows; None: PAD_TO on a GPU; 0: off
     cuda_graph: bool = False  # provider "cuda": decode passes replay one captured CUDA graph (ort_gpu_engine)
+    ping_pong: bool | None = None  # two cache slabs, read one and write the other; None: on for provider "tensorrt"
+    fixed_shape: bool | None = None  # fixed-shape passes (what CUDA graphs replay) without a graph; None: cuda_graph
 
 
 DEFAULT_GPU = GpuOptions()

@@ -40,7 +40,7 @@ device address. So every pass of at most ``pad_to`` rows runs as one fixed-shape
 graph reads the valid length from the bias's values, ``GraphSpec.capacity_bias``), all ``pad_to``
 logits rows kept, and its inputs and outputs in device buffers bound once (``_FixedPass``); the host
 only copies new values into them. Wider passes (prefill chunks, trees over ``pad_to`` nodes, the
-last slots of the cache) run as before, outside the graph (``gpu_graph_id`` -1). ``fixed_shape=True``
+last slots of the cache) run as before, outside the graph (``gpu_graph_id`` -1). ``GpuOptions(fixed_shape=True)``
 runs the same fixed-shape passes without a graph, on any device (the CPU tests).
 
 ``device="cpu"`` runs the same code on the CPU (tests; no GPU needed).
@@ -157,11 +157,9 @@ class OrtGpuEngine(CachedEngine):
         threads: int | None = None,
         share_process: bool = False,
         provider_options: dict | None = None,
-        ping_pong: bool | None = None,
         gpu: GpuOptions = DEFAULT_GPU,
-        fixed_shape: bool | None = None,
     ):
-        pad_to, cuda_graph = gpu.pad_to, gpu.cuda_graph
+        pad_to, cuda_graph, ping_pong, fixed_shape = gpu.pad_to, gpu.cuda_graph, gpu.ping_pong, gpu.fixed_shape
         self.graph = graph
         self.device = device  # device 0 of its kind
         require_provider(provider)  # a missing onnxruntime-gpu is the first thing to fix
