@@ -35,7 +35,15 @@ from specdec_edge.bundle.schema import Manifest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.exactness import Verdict, recorded_verdict
 from specdec_edge.progress import Progress
-from specdec_edge.runtime.base import DEFAULT_GPU, Engine, GpuOptions, common_prefix, prefill
+from specdec_edge.runtime.base import (
+    DEFAULT_GPU,
+    CachedEngine,
+    Engine,
+    GpuOptions,
+    SnapshotEngine,
+    common_prefix,
+    prefill,
+)
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
@@ -61,12 +69,14 @@ class Engines:
     ``prompt_cache``: the store of earlier contexts' snapshots (``prompt_cache.py``), or None for none.
     ``digest``: the bundle's manifest digest, which prefix files are keyed by (None: engines built by hand, which
     save and load none).
+    ``target``: a backend (``runtime.base.CachedEngine``: the verdict is measured on it and applied to it);
+    ``draft``: any engine that takes snapshots (``SnapshotEngine``). The loop drives either through ``Engine``.
     """
 
     def __init__(
         self,
-        target: Engine,
-        draft: Engine | None = None,
+        target: CachedEngine,
+        draft: SnapshotEngine | None = None,
         heads: dict[str, HeadGraph] | None = None,
         *,
         verdict: Verdict | None = None,

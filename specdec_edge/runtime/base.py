@@ -1,5 +1,11 @@
 """The engine contract: what the decode loop may ask of any backend, and what every engine shares.
 
+``Engine`` is the contract (a ``typing.Protocol``): what the decode loop, the proposers and the API ask of the
+engine they drive, the target or a ``speculative.features.FeatureTap`` over it; ``SnapshotEngine`` adds the KV
+snapshots that the prompt cache takes of the target and draft. ``CachedEngine`` is the base class of the backends
+(``ort_engine``, ``ort_gpu_engine``, ``tensorrt_engine``): the host-side length, held-id tracking, snapshots and
+compaction, so that a backend implements ``run`` and ``_compact``.
+
 An engine runs one decoder graph of a bundle over a fixed-capacity KV cache (batch 1). The
 cache's valid length lives on the host, in the engine:
 
@@ -24,10 +30,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from specdec_edge.bundle.schema import GraphSpec
 
 # The backends that implement this contract, by provider name, and the engine class that runs each
 # (runtime/factory.py): ONNX Runtime on the CPU, its CUDA and TensorRT execution providers, and the APIs
@@ -53,10 +63,13 @@ ATTENTION_ROWS_KEY = "specdec_edge.attention_rows"
 
 @dataclass(frozen=True)
 class GpuOptions:
-    """How the GPU engines run passes (``Pipeline.load(pad_to=..., cuda_graph=...)``)."""
+    """How the GPU engines run passes (``Pipeline.load(pad_to=..., cuda_graph=...)``; the last two fields are
+    ``OrtGpuEngine``'s, for tests that run its code on the CPU)."""
 
     pad_to: int | None = None  # pad narrower passes to this many rows; None: PAD_TO on a GPU; 0: off
     cuda_graph: bool = False  # provider "cuda": decode passes replay one captured CUDA graph (ort_gpu_engine)
+    ping_pong: bool | None = None  # two cache slabs, read one and write the other; None: on for provider "tensorrt"
+    fixed_shape: bool | None = None  # fixed-shape passes (what CUDA graphs replay) without a graph; None: cuda_graph
 
 
 DEFAULT_GPU = GpuOptions()
@@ -199,7 +212,7 @@ def widen_bias(step: StepInputs, capacity: int, out: np.ndarray | None = None) -
 
 class HeldIds:
     """Which token ids the committed slots hold (``held``), recorded by a commit from the ids of the last run
-    (``_ran``): what ``reusable`` compares a call's context with. ``Engine`` keeps them for its KV cache,
+    (``_ran``): what ``reusable`` compares a call's context with. ``CachedEngine`` keeps them for its KV cache,
     ``speculative.features.FeatureTap`` for the features it stores."""
 
     length: int = 0  # committed slots
@@ -229,14 +242,72 @@ class HeldIds:
         return 0 if self.held is None else common_prefix(self.held[: self.length], tokens)
 
 
-class Engine(HeldIds, ABC):
-    """One decoder graph with a fixed-capacity KV cache whose valid length the host holds.
+class Engine(Protocol):
+    """What the decode loop, the proposers and the API ask of the engine they drive (module docstring): a
+    ``CachedEngine`` backend, or a ``FeatureTap`` over one. Shapes: S new tokens, N kept logits rows, V vocabulary."""
+
+    graph: GraphSpec  # the manifest's spec of the graph it runs
+    capacity: int  # cache slots
+    held: list | None  # token ids of the committed slots, None while unknown
+
+    @property
+    def length(self) -> int:
+        """Committed cache slots."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepOutput:
+        """S new tokens after the committed slots (``CachedEngine.run``); logits [N, V]."""
+        ...
+
+    def commit(self, n: int, path: np.ndarray | None = None) -> None:
+        """Keep n of the last run's tokens: the first n, or tree nodes ``path[:n]``."""
+        ...
+
+    def rollback(self, length: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def reusable(self, tokens) -> int:
+        """How many leading ``tokens`` the committed slots hold."""
+        ...
+
+    def max_rows(self, past: int | None = None) -> int | None:
+        """The most rows a pass after ``past`` slots may have and keep plain decoding's rounding (None: no limit)."""
+        ...
+
+
+class SnapshotEngine(Engine, Protocol):
+    """An ``Engine`` whose committed slots can be copied to the host and back (the prompt cache's, prefix files):
+    what ``api.engines.Engines`` asks of the target and the draft. ``can_snapshot`` False: ``snapshot`` refuses."""
+
+    @property
+    def can_snapshot(self) -> bool: ...
+
+    def kv_layout(self) -> tuple[tuple, np.dtype] | None:
+        """The K/V shape without the slot axis and the dtype of a snapshot; None where it takes none."""
+        ...
+
+    def snapshot(self) -> np.ndarray:
+        """[layers, 2, 1, kv_heads, length, head_dim]: a host copy of the committed slots' K/V."""
+        ...
+
+    def restore(self, kv: np.ndarray, tokens, start: int = 0) -> None:
+        """Make the cache hold ``tokens`` from a snapshot ``kv``, copying slots ``start`` on."""
+        ...
+
+
+class CachedEngine(HeldIds, ABC):
+    """One decoder graph with a fixed-capacity KV cache whose valid length the host holds: the base of the backends,
+    implementing ``Engine`` and ``SnapshotEngine``.
 
     Subclasses set ``graph`` (the manifest's ``GraphSpec``), ``capacity`` and ``length`` and
     implement ``run`` and ``_compact``; the length bookkeeping is shared.
     """
 
-    graph: object  # bundle.GraphSpec
+    graph: GraphSpec
     capacity: int  # cache slots
     length: int = 0  # committed slots
     # From the device's exactness verdict (runtime/verdicts.py, applied by ``verdicts.apply``): passes narrower

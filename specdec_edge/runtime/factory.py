@@ -15,11 +15,11 @@ provider       engine                                                      needs
                prebuilt engine (``build-engines --backend trt-rtx``)       ``cuda-python``
 =============  ==========================================================  ======================
 
-Every engine implements ``runtime.base.Engine``, the one interface the decode loop sees. The
-modules below this one: ``base`` (the contract), ``sessions`` (ONNX Runtime sessions and
-providers), ``trt_libraries``, ``trt_profiles`` and ``prebuilt`` (TensorRT and TensorRT-RTX, shapes,
-prebuilt engines), then the
-engines. Light: numpy and onnxruntime only; the GPU engines are imported when chosen.
+Every engine is a ``runtime.base.CachedEngine`` and so implements ``runtime.base.Engine``, the one interface the
+decode loop sees. The modules below this one: ``base`` (the contract and the base class), ``sessions`` (ONNX
+Runtime sessions and providers), ``trt_libraries``, ``trt_profiles`` and ``prebuilt`` (TensorRT and TensorRT-RTX,
+shapes, prebuilt engines), then the engines. Light: numpy and onnxruntime only; the GPU engines are imported
+when chosen.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import BACKENDS, DEFAULT_GPU, Engine, GpuOptions, check_cache_memory
+from specdec_edge.runtime.base import BACKENDS, DEFAULT_GPU, CachedEngine, GpuOptions, check_cache_memory
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads
 
@@ -42,7 +42,7 @@ def open_engine(
     gpu: GpuOptions = DEFAULT_GPU,
     share_process: bool = False,
     role: str = "target",
-) -> Engine:
+) -> CachedEngine:
     """The engine of ``provider`` over one bundle graph (see the table in this module's docstring).
 
     ``cpu``: CPU threads (``runtime/threads.py``: by default every CPU session of the process shares one

@@ -19,12 +19,12 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
-from specdec_edge.runtime.base import Engine, StepOutput, pad_step
+from specdec_edge.runtime.base import CachedEngine, StepOutput, pad_step
 from specdec_edge.runtime.sessions import attention_rows, bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
 
 
-class OrtEngine(Engine):
+class OrtEngine(CachedEngine):
     """Runs one bundle graph with a fixed-capacity in-place KV cache (batch 1)."""
 
     def __init__(

@@ -40,7 +40,7 @@ device address. So every pass of at most ``pad_to`` rows runs as one fixed-shape
 graph reads the valid length from the bias's values, ``GraphSpec.capacity_bias``), all ``pad_to``
 logits rows kept, and its inputs and outputs in device buffers bound once (``_FixedPass``); the host
 only copies new values into them. Wider passes (prefill chunks, trees over ``pad_to`` nodes, the
-last slots of the cache) run as before, outside the graph (``gpu_graph_id`` -1). ``fixed_shape=True``
+last slots of the cache) run as before, outside the graph (``gpu_graph_id`` -1). ``GpuOptions(fixed_shape=True)``
 runs the same fixed-shape passes without a graph, on any device (the CPU tests).
 
 ``device="cpu"`` runs the same code on the CPU (tests; no GPU needed).
@@ -55,7 +55,7 @@ import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import DEFAULT_GPU, PAD_TO, Engine, GpuOptions, StepOutput, pad_step, widen_bias
+from specdec_edge.runtime.base import DEFAULT_GPU, PAD_TO, CachedEngine, GpuOptions, StepOutput, pad_step, widen_bias
 from specdec_edge.runtime.prebuilt import engine_cache_dir, find_prebuilt
 from specdec_edge.runtime.sessions import bind_host_outputs, create_session, require_provider, session_options
 from specdec_edge.runtime.trt_profiles import tensorrt_ep_options
@@ -144,7 +144,7 @@ def write_slots_model(cache_dtype: str) -> bytes:
     return _model("kv_write", nodes, inputs, [_tensor_info("cache_out", elem, CACHE_DIMS)])
 
 
-class OrtGpuEngine(Engine):
+class OrtGpuEngine(CachedEngine):
     """Runs one bundle graph on ONNX Runtime's CUDA or TensorRT EP with a device-resident KV cache (batch 1)."""
 
     def __init__(
@@ -157,11 +157,9 @@ class OrtGpuEngine(Engine):
         threads: int | None = None,
         share_process: bool = False,
         provider_options: dict | None = None,
-        ping_pong: bool | None = None,
         gpu: GpuOptions = DEFAULT_GPU,
-        fixed_shape: bool | None = None,
     ):
-        pad_to, cuda_graph = gpu.pad_to, gpu.cuda_graph
+        pad_to, cuda_graph, ping_pong, fixed_shape = gpu.pad_to, gpu.cuda_graph, gpu.ping_pong, gpu.fixed_shape
         self.graph = graph
         self.device = device  # device 0 of its kind
         require_provider(provider)  # a missing onnxruntime-gpu is the first thing to fix

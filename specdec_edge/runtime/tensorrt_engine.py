@@ -16,7 +16,7 @@ import numpy as np
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import BundleError, SpecdecError
-from specdec_edge.runtime.base import PAD_TO, Engine, StepOutput, pad_step
+from specdec_edge.runtime.base import PAD_TO, CachedEngine, StepOutput, pad_step
 from specdec_edge.runtime.prebuilt import REBUILD, cuda_check, find_prebuilt, import_cudart
 from specdec_edge.runtime.trt_libraries import LIBRARIES, TENSORRT, check_rtx_engine, import_library, rtx_context
 from specdec_edge.user_cache import cache_dir
@@ -35,7 +35,7 @@ def _save_quietly(save) -> None:
         pass
 
 
-class TensorRTEngine(Engine):
+class TensorRTEngine(CachedEngine):
     """One serialized TensorRT engine with device KV buffers, run with ``execute_async_v3`` (batch 1).
 
     The cache is two device slabs ``[layers, 2, 1, kv_heads, capacity, head_dim]`` that ping-pong

@@ -14,21 +14,30 @@ here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import Engine, HeldIds, StepOutput
+from specdec_edge.runtime.base import CachedEngine, HeldIds, StepOutput
+
+if TYPE_CHECKING:
+    from specdec_edge.bundle.schema import GraphSpec
 
 
 class FeatureTap(HeldIds):
     """The target engine, plus ``features[i]``: the hidden state of committed cache slot i.
 
-    It offers the loop the engine's contract (``run``, ``commit``, ``rollback``, ``reset``, ``length``, ``capacity``,
-    ``max_rows``, ``reusable``) by delegating to the engine it wraps; the ids of the slots whose features it holds
-    are its own (``HeldIds``). KV snapshots are the engine's: the tap adds ``snapshot_features``/``restore_features``.
+    It offers the loop the engine contract (``runtime.base.Engine``: ``run``, ``commit``, ``rollback``, ``reset``,
+    ``length``, ``capacity``, ``max_rows``, ``reusable``) by delegating to the engine it wraps, and that engine's
+    exactness settings; the ids of the slots whose features it holds are its own (``HeldIds``). KV snapshots are the
+    engine's: the tap adds ``snapshot_features``/``restore_features``.
     """
 
-    def __init__(self, engine: Engine):
+    graph: GraphSpec  # the wrapped engine's
+    capacity: int  # the wrapped engine's cache slots
+
+    def __init__(self, engine: CachedEngine):
         if not engine.graph.has_hidden_states:
             raise SpecdecError(
                 "the target graph has no hidden_states output, which draft heads read; "

@@ -89,10 +89,8 @@ def test_gpu_engines_take_snapshots_through_their_slot_graphs(tiny_bundle, plain
     from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
 
     graph = read_manifest(tiny_bundle).target.graph
-    engine = OrtGpuEngine(
-        tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(pad_to=4),
-        ping_pong=ping_pong,
-    )  # fmt: skip
+    gpu = GpuOptions(pad_to=4, ping_pong=ping_pong)
+    engine = OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=gpu)
     assert engine.can_snapshot and not isinstance(engine.cache, np.ndarray)
     engines = Engines(engine, verdict=plain.engines.verdict, prompt_cache=PromptCache(64 * 2**20))
     pipe = Pipeline(plain.tokenizer, engines, "plain")

@@ -368,7 +368,8 @@ def test_gpu_engine_logic_matches_the_cpu_engine(which, ping_pong, tiny_bundle, 
     bundle = tiny_bundle if which == "tiny" else portable_bundle
     graph = read_manifest(bundle).target.graph
     want = drive(OrtEngine(bundle / graph.path, graph, cpu=CpuThreads(1)))
-    got = drive(OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, ping_pong=ping_pong))
+    gpu = GpuOptions(ping_pong=ping_pong)
+    got = drive(OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=gpu))
     for a, b in zip(want, got):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -443,7 +444,7 @@ def test_fixed_shape_passes_give_the_same_logits_bit_for_bit(pad_to, tiny_bundle
         assert graph.capacity_bias
         engines = [
             OrtGpuEngine(
-                bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, **kw, gpu=GpuOptions(pad_to=pad_to)
+                bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(pad_to=pad_to, **kw)
             )
             for kw in ({}, {"fixed_shape": True})
         ]
@@ -457,9 +458,8 @@ def test_fixed_shape_passes_give_the_same_logits_bit_for_bit(pad_to, tiny_bundle
 def fixed_shape_engine(bundle):
     """The GPU engine's fixed-shape pass (what CUDA graphs replay), emulated on the CPU, one-row passes padded to 16."""
     graph = read_manifest(bundle).target.graph
-    return OrtGpuEngine(
-        bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, fixed_shape=True, gpu=GpuOptions(pad_to=16)
-    )
+    gpu = GpuOptions(pad_to=16, fixed_shape=True)
+    return OrtGpuEngine(bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=gpu)
 
 
 def test_fixed_shape_pipeline_is_exact_and_keeps_one_shape(tiny_bundle, heads_bundle):
@@ -501,16 +501,16 @@ def test_fixed_shape_and_cuda_graph_are_refused_with_the_fix(tiny_bundle, portab
     path = tiny_bundle / graph.path
     old = dataclasses.replace(graph, capacity_bias=False)  # a bundle exported before fixed-shape passes
     with pytest.raises(SpecdecError, match="Re-export"):
-        OrtGpuEngine(path, old, provider="cpu", device="cpu", fixed_shape=True, gpu=GpuOptions(pad_to=8))
+        OrtGpuEngine(path, old, provider="cpu", device="cpu", gpu=GpuOptions(pad_to=8, fixed_shape=True))
     portable = read_manifest(portable_bundle).target.graph
     assert not portable.capacity_bias
     with pytest.raises(SpecdecError, match="pad_to > 0"):
-        OrtGpuEngine(path, graph, provider="cpu", device="cpu", fixed_shape=True, gpu=GpuOptions(pad_to=0))
+        OrtGpuEngine(path, graph, provider="cpu", device="cpu", gpu=GpuOptions(pad_to=0, fixed_shape=True))
     with pytest.raises(SpecdecError, match="provider 'cuda'"):
         OrtGpuEngine(path, graph, provider="cpu", device="cpu", gpu=GpuOptions(pad_to=8, cuda_graph=True))
     with pytest.raises(SpecdecError, match="in-place cache"):
         OrtGpuEngine(
-            path, graph, provider="cpu", device="cpu", fixed_shape=True, ping_pong=True, gpu=GpuOptions(pad_to=8)
+            path, graph, provider="cpu", device="cpu", gpu=GpuOptions(pad_to=8, ping_pong=True, fixed_shape=True)
         )
     with pytest.raises(SpecdecError, match="provider 'cuda'"):
         Pipeline.load(tiny_bundle, method="plain", cuda_graph=True)
