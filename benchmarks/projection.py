@@ -19,15 +19,15 @@ Method (docs/PERFORMANCE.md, "Past this machine"):
   runs it) on a random-weight Hugging Face folder of the same shape; timed as its CPU path runs the graph
   (past K/V in, presents out; ``pass_vs_genai.GenaiGraph``). Skipped, with the reason, where it does not build.
 * Depth: a full 1B or 3B graph does not fit this machine's time and memory budget, so each shape is built with
-  ``--layers`` (default 2 and 4) decoder layers at its real width, vocabulary and heads. A pass's cost is linear
-  in the layer count (every layer the same work), so per width and context: per-layer cost = (t(4) - t(2)) / 2,
+  ``--layers`` (default 2 and 8) decoder layers at its real width, vocabulary and heads. A pass's cost is linear
+  in the layer count (every layer the same work), so per width and context: per-layer cost = (t(8) - t(2)) / 6,
   fixed cost (embedding, final norm, LM head) = t(2) - 2 x per-layer, full depth = fixed + layers x per-layer.
 * Timing: the cache filled by a prefill of random tokens to each ``--contexts`` length, then ``--rounds`` rounds
   over the widths, ``--reps`` passes each, interleaved; the median pass. Same threads for both runtimes.
 * Speedup: from a ``specdec-edge bench --json`` report (``--acceptance``; e.g. of the default gguf bundle with
   ``--methods plain,auto,pld``): per method, how many passes verified how many rows (``by_proposer`` widths + the
   target's own row) and the tokens they emitted. Projected decode speedup = tokens x t(2) / sum over passes of
-  t(rows) (rows below 2 padded to 2; widths between those measured interpolated linearly, beyond them
+  t(rows) (rows below --plain-width padded to it; widths between those measured interpolated linearly, beyond them
   extrapolated from the last two). Proposers' own cost (an EAGLE head's passes) and the loop's are left out:
   for prompt lookup they are ~1-3 % here; for head methods the projection is an upper bound.
 """
@@ -57,7 +57,10 @@ from specdec_edge.export.quant_weights import BlockQuantized
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads
 
-MIN_WIDTH = 2  # our gguf bundles' verdict on the CPUs measured: one-row passes run padded to two rows
+# Plain decoding's pass: one row where the device's verdict lets one-row passes run (the graph pads only its
+# attention op inside: AVX-512 machines measured so far), two rows where it pads them (the AVX2 machine).
+# --plain-width sets it; `specdec-edge info BUNDLE` prints the verdict's "one-row form" on this device.
+PLAIN_WIDTH = 1
 
 
 @dataclass(frozen=True)
@@ -312,8 +315,8 @@ def full_depth(by_layers: dict, layers: int) -> dict:
 
 
 def pass_cost(costs: dict, rows: int) -> float:
-    """ms of a pass of ``rows`` rows (padded to MIN_WIDTH) from the measured widths, linear in between and beyond."""
-    rows = max(rows, MIN_WIDTH)
+    """ms of a pass of ``rows`` rows (padded to PLAIN_WIDTH) from the measured widths, linear in between and beyond."""
+    rows = max(rows, PLAIN_WIDTH)
     ws = sorted(costs)
     if rows in costs:
         return costs[rows]
@@ -340,7 +343,7 @@ def acceptance(report: dict) -> dict:
 
 
 def speedup(costs: dict, tokens: int, passes: Counter) -> float:
-    """Decode speedup over plain (one padded pass per token) of these passes at these pass costs."""
+    """Decode speedup over plain (one PLAIN_WIDTH pass per token) of these passes at these pass costs."""
     return tokens * pass_cost(costs, 1) / sum(n * pass_cost(costs, rows) for rows, n in passes.items())
 
 
@@ -348,7 +351,11 @@ def speedup(costs: dict, tokens: int, passes: Counter) -> float:
 
 
 def markdown(result: dict, widths) -> str:
-    lines = ["Target pass, ms, at full depth (projected from the layers measured); S=1 unpadded.", ""]
+    lines = [
+        "Target pass, ms, at full depth (projected from the layers measured); S=1: one row, attention padded "
+        "to 2 inside the graph (our gguf graphs' one-row form).",
+        "",
+    ]
     lines.append("| size | context | graph | " + " | ".join(f"S={w}" for w in widths) + " |")
     lines.append("|---|---:|---|" + "---:|" * len(widths))
     for size, r in result["sizes"].items():
@@ -359,7 +366,8 @@ def markdown(result: dict, widths) -> str:
         if "genai_skipped" in r:
             lines.append(f"| {size} | | genai | skipped: {r['genai_skipped']} |")
     if result.get("speedups"):
-        lines += ["", "Projected decode speedup over our plain decoding (S=2 padded passes), and decode tok/s:", ""]
+        head = f"Projected decode speedup over our plain decoding (S={PLAIN_WIDTH} passes), and decode tok/s:"
+        lines += ["", head, ""]
         lines.append(
             "| size | context | method | tokens/pass (measured) | speedup | ours plain tok/s | ours method tok/s "
             "| genai int4 plain tok/s |"
@@ -375,9 +383,17 @@ def markdown(result: dict, widths) -> str:
 
 
 def main() -> None:
+    global PLAIN_WIDTH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="135m,0.5b,1b,3b", help=f"comma-separated, of {', '.join(SHAPES)}")
-    ap.add_argument("--layers", type=int, nargs=2, default=[2, 4], help="the two depths built and timed")
+    ap.add_argument("--layers", type=int, nargs=2, default=[2, 8], help="the two depths built and timed")
+    ap.add_argument(
+        "--plain-width",
+        type=int,
+        choices=(1, 2),
+        default=PLAIN_WIDTH,
+        help="rows of plain decoding's pass on this device (1: one-row passes run; 2: padded)",
+    )
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 5, 8])
     ap.add_argument("--threads", type=int, default=2)
@@ -389,8 +405,9 @@ def main() -> None:
     ap.add_argument("--skip-genai", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    if MIN_WIDTH not in args.widths:
-        sys.exit(f"--widths must include {MIN_WIDTH} (the padded one-row pass: plain decoding's cost)")
+    PLAIN_WIDTH = args.plain_width
+    if PLAIN_WIDTH not in args.widths:
+        sys.exit(f"--widths must include {PLAIN_WIDTH} (--plain-width: plain decoding's pass)")
     capacity = max(args.contexts) + max(args.widths) + 16
     result = {"meta": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "sizes": {}}
     result["meta"]["started"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -434,7 +451,7 @@ def main() -> None:
                 for ctx, costs in r.get("ours", {}).get("full", {}).items():
                     x = speedup(costs, tokens, passes)
                     plain = 1e3 / pass_cost(costs, 1)
-                    genai = r.get("genai", {}).get("full", {}).get(ctx, {}).get(1)
+                    genai = r.get("genai", {}).get("full", {}).get(ctx, {}).get(1)  # genai decodes one row
                     result["speedups"].append(
                         {
                             "size": size,
