@@ -387,18 +387,17 @@ def create_app(
     max_queue: int = 16,
     timeout_s: float = 600.0,
     max_body_bytes: int = 1 << 20,
-    reuse: bool = True,
 ) -> Starlette:
     """An app serving ``pipe`` (a loaded ``Pipeline``) as ``model``.
 
     ``api_key``: required as a Bearer token on every route but /health; several keys are several clients,
     each with its own history store (``Pipeline.new_history``). ``max_queue``: requests that
     may wait while one runs (more get 429). ``timeout_s``: a request's whole time, queue included.
-    ``max_body_bytes``: larger request bodies get 413. ``reuse``: a request keeps the KV prefix it shares with
-    the previous one (the same system prompt, the next turn of a conversation) instead of prefilling it again.
+    ``max_body_bytes``: larger request bodies get 413. A request keeps the KV prefix it shares with the previous
+    one (the same system prompt, the next turn of a conversation) where ``pipe`` reuses (``LoadSettings.reuse``).
     """
     metrics_ = Metrics()
-    worker = Worker(pipe, max_queue, metrics_.observe, reuse)
+    worker = Worker(pipe, max_queue, metrics_.observe)
     metrics_.watch_queue(lambda: worker.depth)
 
     @contextlib.asynccontextmanager

@@ -63,10 +63,8 @@ class Worker:
         pipe,
         max_queue: int,
         on_done: Callable[[GenerationResult | None, float, int], None] = lambda result, seconds, client: None,
-        reuse: bool = True,
     ):
-        self.pipe = pipe
-        self.reuse = reuse  # requests reuse the KV prefix the last one left (Pipeline.stream's reuse)
+        self.pipe = pipe  # its calls reuse the KV prefix the last one left where it reuses (``Pipeline.reuse``)
         self.on_done = on_done  # after every job that ran: (result, or None after an error; seconds; client)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._running: Job | None = None
@@ -126,7 +124,7 @@ class Worker:
     def _run(self, job: Job) -> None:
         start = time.perf_counter()
         try:
-            stream = self.pipe.stream(job.request, reuse=self.reuse, **job.options)
+            stream = self.pipe.stream(job.request, **job.options)
             job.stream = stream
             if job.cancelled.is_set():  # cancelled while the stream was being made
                 stream.cancel()

@@ -103,3 +103,14 @@ def test_the_server_admits_a_request_once_and_the_worker_runs_it_as_it_is(counte
             f"the messages take {n} tokens: more than the {capacity} tokens this model holds in all (its KV cache). "
             "Shorten the messages."
         )
+
+
+def test_the_server_reuses_as_its_pipeline_is_loaded(tiny_bundle):
+    """``LoadSettings.reuse`` (serve --reuse/--no-reuse) is what the worker's calls do."""
+    body = {"model": "tiny", "prompt": TEXT + " jumps over the lazy dog", "max_tokens": 2, "temperature": 0}
+    for reuse in (True, False):
+        with Pipeline.load(tiny_bundle, method="plain", threads=1, reuse=reuse) as pipe:
+            with TestClient(create_app(pipe, model="tiny")) as client:
+                client.post("/v1/completions", json=body)
+                stats = client.post("/v1/completions", json=body).json()["specdec_edge"]
+        assert (stats["reused_prompt_tokens"] > 0) is reuse, stats
