@@ -18,10 +18,12 @@ from pathlib import Path
 from specdec_edge.api.engines import Engines, open_engines
 from specdec_edge.api.generation import Decoder, Generation, closed_error
 from specdec_edge.api.request import (
+    DEFAULT_MAX_NEW_TOKENS,
     MAX_CHARS_PER_TOKEN,
-    Prompt,
-    check_fits,
-    check_max_new_tokens,
+    Admitted,
+    TooLong,
+    admit,
+    call_request,
     check_stops,
     history_for,
     prefix_ids,
@@ -43,7 +45,9 @@ from specdec_edge.speculative.methods import Resources, default_method, get_meth
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.tokenizer import Tokenizer
 
-__all__ = ["LoadSettings", "Pipeline", "Prompt", "MAX_CHARS_PER_TOKEN", "check_history_memory", "check_stops"]
+__all__ = [
+    "LoadSettings", "Pipeline", "Admitted", "TooLong", "MAX_CHARS_PER_TOKEN", "check_history_memory", "check_stops"
+]  # fmt: skip
 log = logging.getLogger("specdec_edge")
 
 
@@ -67,27 +71,31 @@ class Pipeline:
         *,
         allow_inexact: bool = False,
         history: HistoryStore | None = None,
+        reuse: bool = True,
     ):
         spec = get_method(method)
         k = _check_k(spec, spec.default_k if k is None else k, engines)
         self.tokenizer, self.engines, self.method, self.k = tokenizer, engines, method, k
         self.options, self.allow_inexact = dict(options or {}), allow_inexact
         self.history = history  # earlier calls' text, for the methods that draft from it (None: off)
+        self.reuse = reuse  # the calls' default: keep the KV prefix shared with earlier contexts (``stream``'s reuse)
         self.exactness, self.decoder = _method_decoder(engines, spec, k, self.options, allow_inexact, tokenizer)
 
     @classmethod
     def load(
         cls, bundle: str | Path, settings: LoadSettings | None = None, *, method=None, k=None, **keywords
     ) -> Pipeline:
-        """Load ``bundle`` with ``settings`` (``LoadSettings``: threads, provider, GPU options, prompt cache, history,
-        ...); keywords named as its fields (or ``pad_to``, ``cuda_graph``) set them too, the others are the method's
-        options, checked against the registry (e.g. pld: ``max_ngram``; eagle: ``topk``; medusa: ``tree``).
+        """Load ``bundle`` with ``settings`` (``LoadSettings``: threads, provider, GPU options, KV reuse and the prompt
+        cache, history, ...); keywords named as its fields (or ``pad_to``, ``cuda_graph``) set them too, the others
+        are the method's options, checked against the registry (e.g. pld: ``max_ngram``; eagle: ``topk``; medusa:
+        ``tree``).
         ``method``: one of ``speculative.methods.METHODS``; default: the bundle's (`export --default-method`), else
         "auto", which chooses every step by the step costs measured on this device (``speculative/auto.py``).
         ``k``: the deepest proposal (default: the method's). "medusa-typical" is LOSSY when sampling."""
         settings, options = (settings or LoadSettings()).with_keywords(keywords)
         tokenizer, engines, method, store = _open(Path(bundle), settings, method, options)
-        return cls(tokenizer, engines, method, k, options, allow_inexact=settings.allow_inexact, history=store)
+        allow, reuse = settings.allow_inexact, settings.reuse
+        return cls(tokenizer, engines, method, k, options, allow_inexact=allow, history=store, reuse=reuse)
 
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
         """A pipeline over the same engines with another method (for comparisons); calls of both take turns;
@@ -95,7 +103,8 @@ class Pipeline:
         if self.closed:
             raise closed_error()
         allow = self.allow_inexact if allow_inexact is None else allow_inexact
-        return Pipeline(self.tokenizer, self.engines, method, k, options, allow_inexact=allow, history=self.history)
+        shared = {"history": self.history, "reuse": self.reuse}
+        return Pipeline(self.tokenizer, self.engines, method, k, options, allow_inexact=allow, **shared)
 
     def new_history(self) -> HistoryStore | None:
         """An empty history store as large as this pipeline's (None when history is off): one per client
@@ -142,21 +151,26 @@ class Pipeline:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def encode(self, prompt: str | list[dict] | Prompt) -> list[int]:
+    def encode(self, prompt: str | list[dict]) -> list[int]:
         """Prompt ids: plain text as is, chat messages through the bundle's chat template (``request.encode``)."""
         return encode_prompt(self.tokenizer, prompt, self.engines.capacity)
 
-    def prompt(self, prompt: str | list[dict]) -> Prompt:
-        """``prompt`` tokenized once, for ``stream``/``generate`` (the server checks a request's length with it)."""
-        return Prompt(tuple(self.encode(prompt)))
+    def admit(
+        self, prompt: str | list[dict], max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS, stop=None
+    ) -> Admitted:
+        """``prompt`` tokenized once, ``stop`` checked, and the prompt with ``max_new_tokens`` new tokens (None: as
+        many as fit after it) measured once against the KV cache (``request.admit``): an ``Admitted`` that ``stream``
+        and ``generate`` run as it is. A ``TooLong`` (a SpecdecError) where they do not fit. The server admits each
+        request before it queues it; ``stream`` and ``generate`` admit text and messages themselves."""
+        return admit(self.tokenizer, prompt, max_new_tokens, stop, self.engines.capacity)
 
     def stream(
         self,
-        prompt: str | list[dict] | Prompt,
-        max_new_tokens: int = 128,
+        prompt: str | list[dict] | Admitted,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         *,
         stop=None,
-        reuse: bool = True,
+        reuse: bool | None = None,
         history: bool | HistoryStore = True,
         owner: Hashable = None,
         **sampling,
@@ -169,25 +183,28 @@ class Pipeline:
         if self.closed:
             raise closed_error()
         params = SamplingParams(**sampling)
-        check_max_new_tokens(max_new_tokens)
-        stops = check_stops(stop)
-        ids = self.encode(prompt)
-        check_fits(ids, max_new_tokens, self.engines.capacity)
+        request = call_request(self.tokenizer, prompt, max_new_tokens, stop, self.engines.capacity)
         result = GenerationResult("", [], Stats(), None)
-        d = self.decoder
-        call = Call(max_new_tokens, params, d.k, d.eos_ids, d.rule, bool(reuse), history_for(history, self.history))
-        generation = Generation(d, ids, call, result.stats, owner)
-        return Stream(_text(generation, self.tokenizer, stops, result), result, generation.cancel)
+        d, reuse = self.decoder, self.reuse if reuse is None else reuse
+        call = Call(
+            request.max_new_tokens, params, d.k, d.eos_ids, d.rule, bool(reuse), history_for(history, self.history)
+        )
+        generation = Generation(d, list(request.ids), call, result.stats, owner)
+        return Stream(_text(generation, self.tokenizer, list(request.stops), result), result, generation.cancel)
 
-    def generate(self, prompt: str | list[dict] | Prompt, max_new_tokens: int = 128, **keywords) -> GenerationResult:
-        """Generate text after ``prompt`` (a string, chat messages [{'role', 'content'}, ...], or a ``Prompt``).
+    def generate(
+        self, prompt: str | list[dict] | Admitted, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, **keywords
+    ) -> GenerationResult:
+        """Generate text after ``prompt`` (a string, chat messages [{'role', 'content'}, ...], or an ``Admitted`` that
+        ``admit`` made, which brings its own ``max_new_tokens`` and ``stop``).
 
         ``temperature`` (0, greedy), ``top_k``, ``top_p``, ``seed``: how to sample (``SamplingParams``); the output
         equals the target's alone (greedy: the same tokens; sampling: the same distribution). Generation ends at
-        eos, a ``stop`` string (or list; not included in the text), or ``max_new_tokens``.
-        ``reuse`` (default): the engines keep the last call's context, and a prompt that starts with part of it
-        rolls the caches back to the common prefix and prefills only the rest (``stats.reused_tokens``; docs/
-        DESIGN.md for when that equals a fresh prefill bit for bit); False prefills the whole prompt.
+        eos, a ``stop`` string (or list; not included in the text), or ``max_new_tokens`` (default 128).
+        ``reuse`` (default: the pipeline's, ``LoadSettings.reuse``, on unless turned off): the engines keep the last
+        call's context, and a prompt that starts with part of it rolls the caches back to the common prefix and
+        prefills only the rest (``stats.reused_tokens``; docs/DESIGN.md for when that equals a fresh prefill bit for
+        bit); False prefills the whole prompt.
         ``history``: True drafts from (and adds this call to) the pipeline's history, a ``HistoryStore`` from (and
         to) that one, False from none. ``owner``: whose call this is (the server passes the API key's): a call
         reuses, restores and is timed against only its own owner's contexts (``Engines.claim``).

@@ -1,7 +1,7 @@
 """How a bundle is loaded: one settings object, built the same way by ``chat``, ``generate``, ``serve``, ``bench``
 and the Python API (``Pipeline.load(bundle, settings=LoadSettings(...))``, or today's keywords, which fill one).
 
-    settings = LoadSettings(threads=4, provider="cpu", prompt_cache_mb=64)
+    settings = LoadSettings(threads=4, provider="cpu", reuse=True, prompt_cache_mb=64)
     pipe = Pipeline.load("bundles/smollm2", settings, method="pld", max_ngram=4)
 
 Light: the standard library and the runtime's small option types only.
@@ -37,6 +37,10 @@ class LoadSettings:
     differently), whose output may then differ from plain decoding. The verdict is the export machine's on that
     machine; on any other device (CPU model or features, provider, GPU, ONNX Runtime version, threads) it is
     measured on first use, in seconds, and cached (``runtime/verdicts.py``).
+    ``reuse`` (default): the calls' default for KV prefix reuse (``Pipeline.stream``'s ``reuse``, which a call may
+    still set): the engines keep the last call's context, and a call prefills only what its prompt does not share
+    with it (or with a snapshot of the prompt cache); False: every call prefills its whole prompt (`chat`/`serve
+    --no-reuse`; `bench --reuse` turns it on, for second turns only).
     ``prompt_cache_mb``: host memory for snapshots of earlier contexts (None: ``prompt_cache.DEFAULT_MB``; 0: none),
     restored when a call shares more with one of them than with the context the engines hold (``prompt_cache.py``);
     prefix files work with 0 too.
@@ -54,6 +58,7 @@ class LoadSettings:
     provider: str = "cpu"
     gpu: GpuOptions = DEFAULT_GPU
     allow_inexact: bool = False
+    reuse: bool = True
     prompt_cache_mb: float | None = None
     history: bool = True
     history_mb: float = DEFAULT_HISTORY_MB

@@ -92,7 +92,6 @@ def bench(
     temperature,
     seed,
     options,
-    reuse,
     sessions,
     json_out,
     md_out,
@@ -136,7 +135,7 @@ def bench(
         methods = "plain,auto"
     if sessions and temperature:
         raise SpecdecError("--sessions is greedy (every turn is compared with plain's); leave out --temperature.")
-    if sessions and reuse:
+    if sessions and settings.reuse:
         raise SpecdecError("--sessions runs its rows with and without KV reuse itself; leave out --reuse.")
     wanted = check_methods([m.strip() for m in methods.split(",") if m.strip()])
     if plot_out:
@@ -168,7 +167,7 @@ def bench(
         temperature=temperature,
         seed=seed,
         allow_inexact=settings.allow_inexact,
-        reuse=reuse,
+        reuse=settings.reuse,
     )
     report = run_bench(pipe, wanted, prompts, meta=meta, options=method_options, **run)
     for m, reason in report["skipped_methods"].items():

@@ -21,7 +21,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @dataclass(frozen=True)
 class PipelineChoice:
     """What the options of ``pipeline_options`` say: the bundle, the method (with -k and -o KEY=VALUE, parsed by
-    ``load``) and how to load it (``LoadSettings``: --threads, --provider, serve's --prompt-cache-mb, --history)."""
+    ``load``) and how to load it (``LoadSettings``: --threads, --provider, --history, chat's and serve's --reuse,
+    serve's --prompt-cache-mb)."""
 
     bundle: str
     method: str | None = None
@@ -39,13 +40,13 @@ class SamplingSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
-    reuse: bool = True  # chat's --reuse/--no-reuse: keep the KV prefix a turn shares with the one before
 
     def check(self) -> None:
         """Refuse a bad value (e.g. --temperature inf) before the (slow) load."""
         SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
     def stream(self, pipe, request, stop=None):
+        """``request`` streamed as these settings say (KV reuse: the pipeline's, ``LoadSettings.reuse``)."""
         return pipe.stream(request, stop=stop, **asdict(self))
 
 

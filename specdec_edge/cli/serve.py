@@ -12,9 +12,9 @@ from specdec_edge.api.settings import check_history_memory
 from specdec_edge.cli.run import CONTEXT, PipelineChoice, history_options, load, pipeline_options
 
 
-def describe_reuse(pipe, reuse: bool) -> str:
-    """One line for the start-up banner: what is kept between requests."""
-    if not reuse:
+def describe_reuse(pipe) -> str:
+    """One line for the start-up banner: what is kept between requests (``LoadSettings``: reuse, prompt_cache_mb)."""
+    if not pipe.reuse:
         return "off: every request prefills its whole prompt"
     cache = pipe.engines.prompt_cache
     if cache is None:
@@ -123,12 +123,12 @@ def serve(choice: PipelineChoice, model_name, api_keys, **server):
     from specdec_edge.serve.connections import HEADER_TIMEOUT_S, connection_limits
 
     api_keys = tuple(key for key in api_keys if key)
-    settings = choice.load  # with --prompt-cache-mb, --history and --history-mb
+    settings = choice.load  # with --reuse, --prompt-cache-mb, --history and --history-mb
     if settings.history:  # one store per key: all of them must fit, before the bundle loads
         check_history_memory(settings.history_mb, max(1, len(api_keys)), flag="--history-mb")
     pipe = load(choice)
     model = model_name or Path(choice.bundle).resolve().name
-    host = server["host"]  # with port, max_queue, timeout_s, max_body_bytes and reuse: run's keywords
+    host = server["host"]  # with port, max_queue, timeout_s and max_body_bytes: run's keywords
     if not is_loopback(host) and not api_keys:
         click.secho(
             f"warning: listening on {host} without --api-key: anyone who can reach this port can use the model"
@@ -138,7 +138,7 @@ def serve(choice: PipelineChoice, model_name, api_keys, **server):
         )
     click.echo(f"Serving {model!r} ({pipe.method}) on http://{host}:{server['port']}/v1 (Ctrl-C stops).")
     click.echo(f"Exactness on this device: {pipe.describe_exactness()}.")
-    click.echo(f"KV reuse: {describe_reuse(pipe, server['reuse'])} (--no-reuse, --prompt-cache-mb).")
+    click.echo(f"KV reuse: {describe_reuse(pipe)} (--no-reuse, --prompt-cache-mb).")
     server["max_connections"], asked = connection_limits(server["max_connections"])[0], server["max_connections"]
     fewer = (
         f" (the open-files limit leaves fewer than --max-connections {asked})"

@@ -6,9 +6,10 @@
     GET  /health                liveness (never needs the API key)
     GET  /metrics               Prometheus text
 
-A request is checked completely (key, body size, JSON, parameters, prompt length against the KV
-cache) before it takes a queue slot, so every refusal is a 4xx with an OpenAI-style error object.
-Accepted requests go to the one ``Worker`` thread; their events come back to the event loop
+A request is checked completely (key, body size, JSON, parameters; then admitted: its prompt tokenized
+once and its length measured against the KV cache, ``Server.admit``) before it takes a queue slot, so
+every refusal is a 4xx with an OpenAI-style error object. Admitted requests go to the one ``Worker`` thread,
+which runs them as they are (no second tokenization, no second check); their events come back to the event loop
 through ``call_soon_threadsafe``. A client that disconnects, or a request past its deadline,
 cancels its generation, and the worker moves on to the next request; one that disconnects before its body
 has arrived is answered (and counted in /metrics) as 499, without a log line.
@@ -33,7 +34,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specdec_edge.api.pipeline import Prompt
+from specdec_edge.api.pipeline import Admitted, TooLong
 from specdec_edge.errors import SpecdecError
 from specdec_edge.serve.metrics import CONTENT_TYPE, Metrics
 from specdec_edge.serve.protocol import (
@@ -94,32 +95,35 @@ class Server:
         store = self.histories[client]
         return False if store is None else store
 
-    def budget(self, request: CompletionRequest) -> tuple[Prompt, int]:
-        """(the prompt tokenized, max new tokens) of a request, checked against the KV cache capacity. Tokenizes
-        (once: the job passes the ``Prompt`` on): call it in a thread."""
+    def admit(self, request: CompletionRequest) -> Admitted:
+        """The request admitted (``Pipeline.admit``): its prompt tokenized once, its stops and its length (the
+        endpoint's default where it names none) measured against the KV cache; the job passes the ``Admitted`` on,
+        and the pipeline runs it as it is. Tokenizes: call it in a thread."""
         if request.kind == "chat" and self.pipe.tokenizer.chat_template is None:
             raise bad(
                 f"the model {self.model!r} has no chat template (a base model): send a plain prompt to "
                 "/v1/completions instead.",
                 "messages",
             )
-        try:
-            prompt = self.pipe.prompt(request.prompt)
+        try:  # no max_tokens: chat's answer may fill the cache, a completion's as much of OpenAI's default as fits
+            admitted = self.pipe.admit(request.prompt, request.max_tokens, list(request.stop))
+        except TooLong as e:
+            raise bad(too_long(request, e), request.prompt_param) from None
         except SpecdecError as e:
             raise bad(str(e), request.prompt_param) from None
-        capacity, prompt_tokens = self.pipe.engines.capacity, len(prompt.ids)
-        room = capacity - prompt_tokens
-        if request.max_tokens is None and room >= 1:
-            return prompt, room if request.kind == "chat" else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
-        if request.max_tokens is None or request.max_tokens > room:
-            what = "the messages take" if request.kind == "chat" else "the prompt takes"
-            asked = "" if request.max_tokens is None else f", plus max_tokens={request.max_tokens}"
-            raise bad(
-                f"{what} {prompt_tokens} tokens{asked}: more than the {capacity} tokens this model holds in all "
-                f"(its KV cache). Shorten the {request.prompt_param}" + (" or lower max_tokens." if asked else "."),
-                request.prompt_param,
-            )
-        return prompt, request.max_tokens
+        if request.max_tokens is None and request.kind != "chat":
+            return admitted.at_most(COMPLETIONS_DEFAULT_MAX_TOKENS)
+        return admitted
+
+
+def too_long(request: CompletionRequest, e: TooLong) -> str:
+    """The server's words for a request whose prompt and answer do not fit in the KV cache."""
+    what = "the messages take" if request.kind == "chat" else "the prompt takes"
+    asked = "" if request.max_tokens is None else f", plus max_tokens={request.max_tokens}"
+    return (
+        f"{what} {e.prompt_tokens} tokens{asked}: more than the {e.capacity} tokens this model holds in all "
+        f"(its KV cache). Shorten the {request.prompt_param}" + (" or lower max_tokens." if asked else ".")
+    )
 
 
 def _server(request: Request) -> Server:
@@ -225,12 +229,12 @@ async def complete(request: Request, kind: str) -> Response:
     client = srv.authorize(request)
     body = await read_json(request, srv.max_body_bytes, min(deadline, time.monotonic() + BODY_TIMEOUT_S))
     req = parse_request(body, kind, srv.model, srv.pipe.engines.capacity)
-    prompt, max_tokens = await run_in_threadpool(srv.budget, req)
-    prompt_tokens = len(prompt.ids)
+    admitted = await run_in_threadpool(srv.admit, req)
+    prompt_tokens = len(admitted.ids)
     events = Events(deadline, srv.timeout_s)
     # owner: the request reuses, restores and is timed against only its own key's earlier contexts
-    options = {**req.options(max_tokens), "history": srv.history(client), "owner": client}
-    job = Job(prompt, options, events.notify, client=client)
+    options = {**req.sampling(), "history": srv.history(client), "owner": client}
+    job = Job(admitted, options, events.notify, client=client)
     try:
         srv.worker.submit(job)
     except QueueFull as full:
@@ -383,18 +387,17 @@ def create_app(
     max_queue: int = 16,
     timeout_s: float = 600.0,
     max_body_bytes: int = 1 << 20,
-    reuse: bool = True,
 ) -> Starlette:
     """An app serving ``pipe`` (a loaded ``Pipeline``) as ``model``.
 
     ``api_key``: required as a Bearer token on every route but /health; several keys are several clients,
     each with its own history store (``Pipeline.new_history``). ``max_queue``: requests that
     may wait while one runs (more get 429). ``timeout_s``: a request's whole time, queue included.
-    ``max_body_bytes``: larger request bodies get 413. ``reuse``: a request keeps the KV prefix it shares with
-    the previous one (the same system prompt, the next turn of a conversation) instead of prefilling it again.
+    ``max_body_bytes``: larger request bodies get 413. A request keeps the KV prefix it shares with the previous
+    one (the same system prompt, the next turn of a conversation) where ``pipe`` reuses (``LoadSettings.reuse``).
     """
     metrics_ = Metrics()
-    worker = Worker(pipe, max_queue, metrics_.observe, reuse)
+    worker = Worker(pipe, max_queue, metrics_.observe)
     metrics_.watch_queue(lambda: worker.depth)
 
     @contextlib.asynccontextmanager

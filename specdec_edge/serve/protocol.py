@@ -73,10 +73,10 @@ class CompletionRequest:
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
 
-    def options(self, max_tokens: int) -> dict:
-        """Keyword arguments of ``Pipeline.stream`` after the prompt."""
-        sampling = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "seed")}
-        return {"max_new_tokens": max_tokens, **sampling, "stop": list(self.stop)}
+    def sampling(self) -> dict:
+        """How to sample: keyword arguments of ``Pipeline.stream`` (the length and stops travel in the
+        ``Admitted`` request)."""
+        return {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "seed")}
 
 
 def _is_number(value) -> bool:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specdec_edge.api.pipeline import Prompt
+from specdec_edge.api.pipeline import Admitted
 from specdec_edge.api.streaming import GenerationResult, Stream
 from specdec_edge.errors import SpecdecError
 
@@ -40,8 +40,8 @@ class Job:
     ("piece", text) for each text piece, then ("done", GenerationResult) or ("error", SpecdecError
     or another exception); a job cancelled before it started gets no call."""
 
-    prompt: str | list[dict] | Prompt  # the server passes the ``Prompt`` its budget tokenized
-    options: dict  # Pipeline.stream keywords: max_new_tokens, temperature, top_k, top_p, seed, stop, owner, ...
+    request: str | list[dict] | Admitted  # the server passes its ``Pipeline.admit`` result (tokenized, checked)
+    options: dict  # Pipeline.stream keywords: temperature, top_k, top_p, seed, history, owner, ...
     notify: Callable[[str, object], None]
     client: int = 0  # whose request (the API key's index): its metrics are that client's
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -63,10 +63,8 @@ class Worker:
         pipe,
         max_queue: int,
         on_done: Callable[[GenerationResult | None, float, int], None] = lambda result, seconds, client: None,
-        reuse: bool = True,
     ):
-        self.pipe = pipe
-        self.reuse = reuse  # requests reuse the KV prefix the last one left (Pipeline.stream's reuse)
+        self.pipe = pipe  # its calls reuse the KV prefix the last one left where it reuses (``Pipeline.reuse``)
         self.on_done = on_done  # after every job that ran: (result, or None after an error; seconds; client)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._running: Job | None = None
@@ -126,7 +124,7 @@ class Worker:
     def _run(self, job: Job) -> None:
         start = time.perf_counter()
         try:
-            stream = self.pipe.stream(job.prompt, reuse=self.reuse, **job.options)
+            stream = self.pipe.stream(job.request, **job.options)
             job.stream = stream
             if job.cancelled.is_set():  # cancelled while the stream was being made
                 stream.cancel()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_edge import Pipeline
+from specdec_edge import LoadSettings, Pipeline
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.exactness import describe, recorded_verdict
 from specdec_edge.sampling import SamplingParams
@@ -90,6 +90,21 @@ def test_reuse_prefills_only_the_new_turn(plain):
     assert repeat.stats.prefilled_tokens == 0 and repeat.token_ids == again.token_ids
     off = plain.generate(TURNS[0], max_new_tokens=8, reuse=False)
     assert off.stats.reused_tokens == 0 and off.token_ids == again.token_ids
+
+
+def test_the_load_settings_give_the_calls_their_reuse(plain):
+    """``LoadSettings.reuse`` (``Pipeline.load``'s keyword, chat's and serve's --reuse/--no-reuse) is the default of
+    every call of the pipeline and of those ``with_method`` makes; a call may still set its own."""
+    settings, options = LoadSettings().with_keywords({"reuse": False, "max_ngram": 3})
+    assert settings == LoadSettings(reuse=False) and options == {"max_ngram": 3}
+    assert plain.reuse is True
+    off = Pipeline(plain.tokenizer, plain.engines, "plain", reuse=False)
+    pld = off.with_method("pld")
+    assert pld.reuse is False
+    off.generate(TURNS[0], max_new_tokens=2)
+    for pipe in (off, pld):
+        assert pipe.generate(TURNS[0], max_new_tokens=2).stats.reused_tokens == 0
+    assert off.generate(TURNS[0], max_new_tokens=2, reuse=True).stats.reused_tokens > 0
 
 
 @pytest.mark.parametrize("fixture,method", [(f, m) for f, ms in SESSIONS.items() for m in ms])
