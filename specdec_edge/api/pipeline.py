@@ -11,6 +11,7 @@ Light: numpy, onnxruntime, tokenizers, jinja2 only (no torch, no transformers).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Hashable, Iterator
 from pathlib import Path
@@ -51,6 +52,18 @@ __all__ = [
 log = logging.getLogger("specdec_edge")
 
 
+def _while_open(method):
+    """A ``Pipeline`` method that refuses to run once the pipeline is closed (``closed_error``)."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **keywords):
+        if self.closed:
+            raise closed_error()
+        return method(self, *args, **keywords)
+
+    return checked
+
+
 class Pipeline:
     """One method over a loaded bundle's engines (``engines.Engines``), with the bundle's tokenizer.
 
@@ -61,18 +74,9 @@ class Pipeline:
     verdict, capacity) and ``decoder`` (the engine the loop drives, the proposer, the rule) are the parts it runs.
     """
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        engines: Engines,
-        method: str,
-        k: int | None = None,
-        options: dict | None = None,
-        *,
-        allow_inexact: bool = False,
-        history: HistoryStore | None = None,
-        reuse: bool = True,
-    ):
+    def __init__(self, tokenizer: Tokenizer, engines: Engines, method: str, k: int | None = None,
+                 options: dict | None = None, *, allow_inexact: bool = False, history: HistoryStore | None = None,
+                 reuse: bool = True):  # fmt: skip
         spec = get_method(method)
         k = _check_k(spec, spec.default_k if k is None else k, engines)
         self.tokenizer, self.engines, self.method, self.k = tokenizer, engines, method, k
@@ -97,11 +101,10 @@ class Pipeline:
         allow, reuse = settings.allow_inexact, settings.reuse
         return cls(tokenizer, engines, method, k, options, allow_inexact=allow, history=store, reuse=reuse)
 
+    @_while_open
     def with_method(self, method: str, k: int | None = None, allow_inexact: bool | None = None, **options) -> Pipeline:
         """A pipeline over the same engines with another method (for comparisons); calls of both take turns;
         ``k`` defaults to the method's own."""
-        if self.closed:
-            raise closed_error()
         allow = self.allow_inexact if allow_inexact is None else allow_inexact
         shared = {"history": self.history, "reuse": self.reuse}
         return Pipeline(self.tokenizer, self.engines, method, k, options, allow_inexact=allow, **shared)
@@ -111,21 +114,19 @@ class Pipeline:
         (the server keeps one per API key)."""
         return None if self.history is None else HistoryStore(self.history.limit_bytes)
 
+    @_while_open
     def save_prefix(self, path: str | Path, prompt: str | list[dict]) -> Path:
         """Compute the KV cache of ``prompt`` (text, or chat messages through the template: e.g. a long system
         prompt) and write it to ``path`` (atomically), keyed by this bundle and the prompt's token ids, so that
         ``load_prefix`` makes a later process start with it: a call whose prompt starts with it prefills only the
         rest. Messages are rendered without the assistant's turn start, as they begin a longer conversation.
         Providers cpu, cuda and tensorrt (engines that take KV snapshots: ``Engine.can_snapshot``)."""
-        if self.closed:
-            raise closed_error()
         return self.engines.save_prefix(self.decoder.engine, prefix_ids(self.tokenizer, prompt, self.engines), path)
 
+    @_while_open
     def load_prefix(self, path: str | Path) -> int:
         """Load a ``save_prefix`` file into the engines (and the prompt cache); returns its token count. A file
         saved for another bundle (or another export of this one), or damaged, is refused with a SpecdecError."""
-        if self.closed:
-            raise closed_error()
         return self.engines.load_prefix(self.decoder.engine, path)
 
     def describe_exactness(self) -> str:
@@ -164,6 +165,7 @@ class Pipeline:
         request before it queues it; ``stream`` and ``generate`` admit text and messages themselves."""
         return admit(self.tokenizer, prompt, max_new_tokens, stop, self.engines.capacity)
 
+    @_while_open
     def stream(
         self,
         prompt: str | list[dict] | Admitted,
@@ -180,15 +182,11 @@ class Pipeline:
         Generation runs as the stream is read. ``stream.cancel()`` (any thread) or ``close()`` stops it and frees
         the engines at once; a stream dropped or read slowly never blocks other calls: after a short lease they take
         the engines, and it goes on later where it was (``api/generation.py``). Keywords: as for ``generate``."""
-        if self.closed:
-            raise closed_error()
         params = SamplingParams(**sampling)
         request = call_request(self.tokenizer, prompt, max_new_tokens, stop, self.engines.capacity)
         result = GenerationResult("", [], Stats(), None)
-        d, reuse = self.decoder, self.reuse if reuse is None else reuse
-        call = Call(
-            request.max_new_tokens, params, d.k, d.eos_ids, d.rule, bool(reuse), history_for(history, self.history)
-        )
+        d, store, reuse = self.decoder, history_for(history, self.history), self.reuse if reuse is None else reuse
+        call = Call(request.max_new_tokens, params, d.k, d.eos_ids, d.rule, bool(reuse), store)
         generation = Generation(d, list(request.ids), call, result.stats, owner)
         return Stream(_text(generation, self.tokenizer, list(request.stops), result), result, generation.cancel)
 
