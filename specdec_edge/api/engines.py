@@ -33,7 +33,7 @@ from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.bundle.schema import Manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.exactness import Verdict, recorded_verdict
+from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress
 from specdec_edge.runtime.base import (
     DEFAULT_GPU,
@@ -262,7 +262,7 @@ def open_engines(
     # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
     setting = provider + ("+cuda-graph" if gpu.cuda_graph else "")
     device = device_identity(setting, str(cpu.threads or "default"))
-    verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device, progress=progress)
+    verdict = device_verdict(root, graph.verdict, graph.path, target, device, progress=progress)
     key = CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning)
 
     def step_costs(engine: Engine, proposers: Mapping[str, Proposer], hold) -> CostModel:
