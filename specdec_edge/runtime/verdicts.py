@@ -93,25 +93,22 @@ class _Probe:
     def fill(self, length: int) -> np.ndarray:
         """Commit ``length`` tokens of one random context (the same context every call) and return them.
 
-        Prefilled once, in chunks; where the engine's cache is host memory a copy of it is restored on later
-        calls (the passes in between overwrote slots after their contexts), else the context is prefilled anew."""
+        Prefilled once, in chunks; where the engine's cache is host memory its ``snapshot`` is ``restore``d on later
+        calls (the passes in between overwrote slots after their contexts; a pass writes the slots it reads beyond
+        the context), else the context is prefilled anew."""
         engine = self.engine
         if self._snapshot is not None and length <= self._filled:
-            engine.cache[...] = self._snapshot
-        else:
-            upto = min(max(length, self.longest), engine.capacity - 1) if _host_cache(engine) else length
-            if self.context is None or len(self.context) < upto:
-                self.context = self.rng.integers(0, self.vocab, upto)
-            engine.reset()
-            for start in range(0, upto, 256):
-                piece = self.context[start : min(start + 256, upto)]
-                engine.run(piece, logits_to_keep=1)
-                engine.commit(len(piece))
-            self._filled = upto
-            if _host_cache(engine):
-                self._snapshot = engine.cache.copy()
-        engine.reset()
-        engine.commit(length)
+            engine.restore(self._snapshot, self.context[:length])
+            return self.context[:length]
+        host = _host_cache(engine)
+        upto = min(max(length, self.longest), engine.capacity - 1) if host else length
+        if self.context is None or len(self.context) < upto:
+            self.context = self.rng.integers(0, self.vocab, upto)
+        prefill(engine, self.context[:upto])
+        self._filled = upto
+        if host:
+            self._snapshot = engine.snapshot()
+        engine.rollback(length)
         return self.context[:length]
 
     def run(self, past: int, tokens, positions=None, bias=None) -> np.ndarray:
@@ -161,9 +158,8 @@ def _row_inputs(engine: Engine, past: int, j: int, token: int) -> tuple | None:
     cannot be read cheaply (a device cache) and j > 0."""
     if j == 0:
         return (0, token, b"")
-    if not _host_cache(engine):
-        return None
-    return (j, token, hashlib.sha256(engine.cache[..., past : past + j, :].tobytes()).digest())
+    kv = engine.host_kv(past, past + j)
+    return None if kv is None else (j, token, hashlib.sha256(kv.tobytes()).digest())
 
 
 def _tree_rows_match(probe: _Probe, past: int, parents: list[int]) -> tuple[bool, float]:
@@ -216,7 +212,8 @@ def _reuse_rows_match(probe: _Probe, widths=(1, 2, 3, 5, 4, 8)) -> tuple[bool, f
 def _state(probe: _Probe, n: int, token: int) -> list[np.ndarray]:
     """What a cache of ``n`` slots holds: its K/V (host caches) and the row plain decoding computes after it."""
     engine = probe.engine
-    kv = [engine.cache[..., :n, :].copy()] if _host_cache(engine) else []
+    kv = engine.host_kv(0, n)
+    kv = [] if kv is None else [kv]
     row = probe.canonical(n, token)
     engine.rollback(n)
     return [*kv, row]
@@ -238,7 +235,8 @@ def _single_rows_match(probe: _Probe, lengths) -> tuple[bool, float]:
 
 def _slot(engine: Engine, slot: int) -> list[np.ndarray]:
     """The K/V of one cache slot in every layer (a copy), where the cache is host memory; else nothing."""
-    return [engine.cache[..., slot, :].copy()] if _host_cache(engine) else []
+    kv = engine.host_kv(slot, slot + 1)
+    return [] if kv is None else [kv[..., 0, :]]
 
 
 def one_row_form(engine: Engine) -> str:
@@ -255,7 +253,9 @@ def _random_tree(rng: np.random.Generator, nodes: int) -> list[int]:
 
 
 def _host_cache(engine: Engine) -> bool:
-    return isinstance(getattr(engine, "cache", None), np.ndarray)
+    """Whether ``engine`` hands out its K/V (``Engine.host_kv``: a host-memory cache), cheaply: then K/V are compared
+    too and contexts restored from a snapshot; else logits only, and contexts prefilled anew."""
+    return engine.host_kv(0, 0) is not None
 
 
 def _row_signature(probe: _Probe, past: int, tokens: np.ndarray) -> np.ndarray:
@@ -266,7 +266,7 @@ def _row_signature(probe: _Probe, past: int, tokens: np.ndarray) -> np.ndarray:
     if _host_cache(engine):
         engine.rollback(past)
         engine.run(tokens, logits_to_keep=1)
-        return engine.cache[1:, :, :, :, past, :].copy()
+        return engine.host_kv(past, past + 1)[1:, ..., 0, :]
     return probe.run(past, tokens)[0]
 
 

@@ -545,6 +545,27 @@ def test_rows_shared_between_widths_are_keyed_by_the_kv_they_follow(tiny_bundle)
     assert plain_rows_computed(KvByWidthEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))) == (4, False)
 
 
+def test_the_verdict_reads_kv_through_the_engine(tiny_bundle):
+    """``Engine.host_kv``, what the verdict compares K/V with: a copy of slots as the last run left them (past the
+    committed length too); None where the cache is not in host memory (the GPU engines, here their CPU emulation),
+    where the verdict compares logits only."""
+    from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
+
+    graph = read_manifest(tiny_bundle).target.graph
+    c = graph.cache
+    engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
+    prefill(engine, [5, 6, 7])
+    engine.run([8, 9])  # slots 3 and 4 written, not committed
+    kv = engine.host_kv(2, 5)
+    assert kv.shape == (c.num_layers, 2, 1, c.num_kv_heads, 3, c.head_dim)
+    np.testing.assert_array_equal(kv[..., :1, :], engine.snapshot()[..., 2:, :])
+    assert (kv[..., 1:, :] != 0).any()  # the uncommitted slots
+    kv[...] = 0
+    assert engine.host_kv(2, 5).any()  # a copy: the cache is untouched
+    gpu = OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(8))
+    assert gpu.host_kv(0, 1) is None and gpu.can_snapshot
+
+
 @pytest.mark.parametrize(
     "edit",
     [
