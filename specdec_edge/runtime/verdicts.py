@@ -5,7 +5,7 @@ decoding gives it. Kernels pick another code path (and rounding) for another pas
 
 * kernels have one path for a single row and another for several: GroupQueryAttention on every CPU measured,
   MatMulNBits on some (an AVX2 EPYC; not at accuracy level 4 on a Zen 5 with AVX-512 VNNI). Graphs that pad
-  their attention op to two rows inside (``Engine.attention_rows``, export/graph.py) run a one-row pass with
+  their attention op to two rows inside (``CachedEngine.attention_rows``, export/graph.py) run a one-row pass with
   every other op at one row; where that pass's logits and K/V equal the first row of a two-row pass, one-row
   passes run so (``min_pass_width`` 1, ``one_row_form`` "one row, attention padded to 2"), else the engine
   pads the whole pass to two rows (``min_pass_width`` 2, "padded to 2");
@@ -55,7 +55,7 @@ from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.hashes import manifest_digest as bundle_digest
 from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress, report
-from specdec_edge.runtime.base import PREFILL_CHUNK, RESIDUE_PERIOD, RESIDUE_WIDTHS, Engine, prefill
+from specdec_edge.runtime.base import PREFILL_CHUNK, RESIDUE_PERIOD, RESIDUE_WIDTHS, CachedEngine, prefill
 from specdec_edge.runtime.device import device_key
 from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
@@ -77,7 +77,7 @@ TREE = [-1, 0, 0, 0, 1, 1]
 class _Probe:
     """One engine under measurement, its cache holding a random context."""
 
-    def __init__(self, engine: Engine, seed: int, longest: int = 0):
+    def __init__(self, engine: CachedEngine, seed: int, longest: int = 0):
         self.engine = engine
         self.rng = np.random.default_rng(seed)
         self.vocab = engine.vocab_size
@@ -152,7 +152,7 @@ def _chain_rows_match(probe: _Probe, past: int, tokens: np.ndarray, known: dict 
     return ok, worst
 
 
-def _row_inputs(engine: Engine, past: int, j: int, token: int) -> tuple | None:
+def _row_inputs(engine: CachedEngine, past: int, j: int, token: int) -> tuple | None:
     """What plain decoding's row for ``token`` after ``past + j`` slots depends on beyond the first ``past`` (the
     same context for every pass after ``past``): the K/V of slots past .. past+j-1, by their bits. None where those
     cannot be read cheaply (a device cache) and j > 0."""
@@ -220,7 +220,7 @@ def _state(probe: _Probe, n: int, token: int) -> list[np.ndarray]:
 
 
 def _single_rows_match(probe: _Probe, lengths) -> tuple[bool, float]:
-    """A one-row pass (as the graph runs it: its attention padded inside where ``Engine.attention_rows`` is 2)
+    """A one-row pass (as the graph runs it: its attention padded inside where ``CachedEngine.attention_rows`` is 2)
     against the first row of a two-row pass, after each of ``lengths`` - 1 slots: the logits row and, where the cache
     is host memory, the K/V it wrote in every layer."""
     ok, worst = True, 0.0
@@ -233,15 +233,15 @@ def _single_rows_match(probe: _Probe, lengths) -> tuple[bool, float]:
     return ok, worst
 
 
-def _slot(engine: Engine, slot: int) -> list[np.ndarray]:
+def _slot(engine: CachedEngine, slot: int) -> list[np.ndarray]:
     """The K/V of one cache slot in every layer (a copy), where the cache is host memory; else nothing."""
     kv = engine.host_kv(slot, slot + 1)
     return [] if kv is None else [kv[..., 0, :]]
 
 
-def one_row_form(engine: Engine) -> str:
+def one_row_form(engine: CachedEngine) -> str:
     """How ``engine`` runs a one-row pass under its measured padding: "one row, attention padded to 2" (the graph
-    pads its attention op, ``Engine.attention_rows``), "one row" or "padded to N"."""
+    pads its attention op, ``CachedEngine.attention_rows``), "one row" or "padded to N"."""
     pad = max(engine.min_width, getattr(engine, "pad_to", 0) or 0)  # GPU engines pad to a width of their own
     if pad > 1:
         return f"padded to {pad}"
@@ -252,9 +252,9 @@ def _random_tree(rng: np.random.Generator, nodes: int) -> list[int]:
     return [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
 
 
-def _host_cache(engine: Engine) -> bool:
-    """Whether ``engine`` hands out its K/V (``Engine.host_kv``: a host-memory cache), cheaply: then K/V are compared
-    too and contexts restored from a snapshot; else logits only, and contexts prefilled anew."""
+def _host_cache(engine: CachedEngine) -> bool:
+    """Whether ``engine`` hands out its K/V cheaply (``CachedEngine.host_kv``: a host-memory cache): then K/V are
+    compared too and contexts restored from a snapshot; else logits only, and contexts prefilled anew."""
     return engine.host_kv(0, 0) is not None
 
 
@@ -346,7 +346,9 @@ def _descending(probe: _Probe, lengths) -> list[tuple[int, int]]:
     return [(n - 1, int(context[n - 1])) for n in lengths]
 
 
-def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CANDIDATES, widths=CHAIN_WIDTHS) -> dict:
+def measure(
+    engine: CachedEngine, *, seed: int = 0, candidates: tuple[int, ...] = CANDIDATES, widths=CHAIN_WIDTHS
+) -> dict:
     """The verdict for ``engine``'s graph on this device (see the module docstring), as a JSON-able dict with
     ``batch_invariant``, ``min_pass_width``, ``tree_invariant``, ``max_width``, ``boundaries`` and what was
     compared. The engine is left with the measured padding and boundaries applied, its cache empty."""
@@ -497,7 +499,7 @@ def device_verdict(
     root: str | Path,
     recorded: Verdict,
     graph_path: str,
-    engine: Engine,
+    engine: CachedEngine,
     device: dict,
     *,
     progress: Progress | None = None,
@@ -528,7 +530,7 @@ def device_verdict(
     return verdict
 
 
-def apply(engine: Engine, verdict: Verdict) -> None:
+def apply(engine: CachedEngine, verdict: Verdict) -> None:
     """Give ``engine`` the padding and the key-count boundaries ``verdict`` measured."""
     engine.min_width = verdict.min_pass_width
     engine.boundaries = tuple(verdict.details.get("boundaries", ()))
