@@ -223,7 +223,7 @@ def main() -> None:
         acc = profile_bundle(bundle, args)
         everything[bundle.name] = {f"{c}/{lab}": v for (c, lab), v in acc.items()}
         nodes = len(onnx.load(str(bundle / g.path), load_external_data=False).graph.node)
-        title = f"{bundle.name} ({g.dtype}, {g.flavour}, {nodes} nodes, min pass width {g.min_pass_width})"
+        title = f"{bundle.name} ({g.dtype}, {g.flavour}, {nodes} nodes, min pass width {g.verdict.min_pass_width})"
         print_table(title, acc, args.top)
     if args.genai:
         acc, nodes = profile_genai(args.genai, args)

@@ -44,7 +44,8 @@ FLOAT_DTYPES = ("fp32", "fp16")
 
 @dataclass(frozen=True)
 class Verdict:
-    """What ``runtime/verdicts.py`` measured for one target graph on one device (see the module docstring)."""
+    """What ``runtime/verdicts.py`` measured for one target graph on one device (see the module docstring). A bundle
+    records the export machine's as ``GraphSpec.verdict`` (``bundle/schema.py`` writes and reads its manifest form)."""
 
     batch_invariant: bool
     min_pass_width: int
@@ -90,25 +91,6 @@ class Decision:
     trees: bool  # proposals may branch
     inexact: bool = False  # runs although its output may differ from plain decoding (allow_inexact)
     note: str | None = None  # logged once at load: what is only exact to float rounding, or inexact
-
-
-def recorded_verdict(graph) -> Verdict:
-    """The verdict a manifest's ``GraphSpec`` (or its JSON dict) records, the export machine's; ``ValueError``
-    if malformed."""
-    field_of = graph.get if isinstance(graph, dict) else lambda name: getattr(graph, name)  # a GraphSpec or its JSON
-    extra = field_of("verdict")
-    if not isinstance(extra, dict):
-        raise ValueError("the verdict is not an object")
-    return Verdict.from_json(
-        {
-            "batch_invariant": field_of("batch_invariant"),
-            "min_pass_width": field_of("min_pass_width"),
-            "tree_invariant": field_of("tree_invariant"),
-            "max_width": extra.get("max_width"),
-            "device": extra.get("device"),
-            "details": extra.get("details"),
-        }
-    )
 
 
 def trees_exact(verdict: Verdict, dtype: str) -> bool:

@@ -33,7 +33,7 @@ from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.bundle.schema import Manifest
 from specdec_edge.errors import SpecdecError
-from specdec_edge.exactness import Verdict, recorded_verdict
+from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress
 from specdec_edge.runtime.base import (
     DEFAULT_GPU,
@@ -249,7 +249,8 @@ def open_engines(
     prompt_cache_mb: float = DEFAULT_MB,
 ) -> Engines:
     """The engines of the bundle at ``root``, with the exactness verdict of this device (cached per device,
-    ``runtime/verdicts.py``), its step costs (cached per bundle, provider, device and threads, ``step_costs.py``)
+    ``runtime/verdicts.py``), its step costs (cached per bundle, device and thread pool, ``step_costs.py``; both
+    key on one device identity, ``runtime/device.py``)
     and a prompt cache of ``prompt_cache_mb`` MB (0: none); measuring the verdict or the costs is reported to
     ``progress`` (``progress.py``)."""
     share = manifest.draft is not None or bool(manifest.heads)  # GPU engines: their CPU fallback must not spin
@@ -262,8 +263,8 @@ def open_engines(
     # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
     setting = provider + ("+cuda-graph" if gpu.cuda_graph else "")
     device = device_identity(setting, str(cpu.threads or "default"))
-    verdict = device_verdict(root, recorded_verdict(graph), graph.path, target, device, progress=progress)
-    key = CostKey.for_bundle(root, setting, cpu.threads, cpu.spinning)
+    verdict = device_verdict(root, graph.verdict, graph.path, target, device, progress=progress)
+    key = CostKey.for_bundle(root, device, cpu.spinning)  # the same device identity
 
     def step_costs(engine: Engine, proposers: Mapping[str, Proposer], hold) -> CostModel:
         return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, hold, progress=progress)

@@ -4,9 +4,10 @@
   cache), the median of a few runs each, after a warm-up -- a couple of seconds;
 * each candidate proposer's propose + commit time, over a short real decode of a synthetic prompt.
 
-The result is cached per bundle (the hash of its manifest, which lists every file's sha256),
-provider, device and thread setting, in ``<cache>/costs/`` (``SPECDEC_EDGE_CACHE``, else
-``~/.cache/specdec-edge``); any change of those gives another key, so it is measured again. What takes a
+The result is cached per bundle (the hash of its manifest, which lists every file's sha256), device (the identity
+that keys the exactness verdicts too, ``runtime/device.py``: CPU model and features, GPU, provider, ONNX Runtime,
+threads) and thread pool, in ``<cache>/costs/`` (``SPECDEC_EDGE_CACHE``, else ``~/.cache/specdec-edge``); any change
+of those gives another key, so it is measured again. What takes a
 while is reported through the package's one hook (``progress.py``). Above ``speculative`` and ``runtime``:
 it drives the decode loop over real engines.
 """
@@ -27,14 +28,15 @@ from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.progress import Progress, report
 from specdec_edge.runtime.base import Engine
-from specdec_edge.runtime.device import device_name
+from specdec_edge.runtime.device import device_key
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.user_cache import cache_dir
 
-COST_FORMAT = 1  # bumped when what is measured changes: older cache files are then ignored
+COST_FORMAT = 2  # bumped when what is measured or keyed changes: older cache files are then ignored
+# (2: keyed by the device identity the verdicts use)
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 CONTEXTS = (64, 512)
 REPEATS = 3
@@ -45,20 +47,23 @@ class CostKey:
     """What the costs depend on; a change of any field means measuring again."""
 
     bundle: str  # sha256 of the bundle's manifest.json (which holds every file's sha256)
-    provider: str
+    # ``runtime.device.device_key`` of the device's identity (CPU model and features, GPU, provider, ONNX Runtime,
+    # threads): the key the exactness verdicts are cached by too
+    identity: str
+    provider: str  # the rest names it for people (``info``, progress lines)
     device: str
     threads: str  # "2", or "default" (one per physical core), with ",sleeping" for per-session pools
     candidates: tuple[str, ...] = ()  # the proposers whose own cost was measured
     format: int = COST_FORMAT
 
     @classmethod
-    def for_bundle(cls, root: str | Path, provider: str, threads: int | None, spinning: bool, candidates=()) -> CostKey:
-        digest = manifest_digest(root)
-        return cls(digest, provider, device_name(provider), cls.thread_setting(threads, spinning), tuple(candidates))
-
-    @staticmethod
-    def thread_setting(threads: int | None, spinning: bool) -> str:
-        return f"{threads or 'default'}{'' if spinning else ',sleeping'}"
+    def for_bundle(cls, root: str | Path, device: dict, spinning: bool, candidates=()) -> CostKey:
+        """The key of the bundle at ``root`` on ``device`` (``runtime.device.device_identity``); ``spinning``: the
+        thread pool spins between ops (False: per-session pools that sleep)."""
+        threads = f"{device['threads']}{'' if spinning else ',sleeping'}"
+        return cls(
+            manifest_digest(root), device_key(device), device["provider"], device["name"], threads, tuple(candidates)
+        )
 
     def filename(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20] + ".json"

@@ -23,6 +23,7 @@ from specdec_edge.bundle.schema import (
     Manifest,
 )
 from specdec_edge.errors import BundleError
+from specdec_edge.exactness import Verdict
 from specdec_edge.values import is_int as _is_int
 
 
@@ -143,16 +144,6 @@ def _small(x, most: int) -> bool:
     return _positive_int(x) and x <= most
 
 
-def _recorded_verdict_ok(g: GraphSpec) -> bool:
-    from specdec_edge.exactness import recorded_verdict
-
-    try:
-        recorded_verdict(g)
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
 def check_manifest(m: Manifest, mpath: Path) -> None:
     """Field types and paths of a parsed manifest; a ``BundleError`` names the first bad field."""
 
@@ -186,17 +177,18 @@ def check_manifest(m: Manifest, mpath: Path) -> None:
         g, c, role = model.graph, model.graph.cache, model.role
         need(isinstance(g, GraphSpec) and isinstance(c, CacheSpec), f"{role} graph is incomplete")
         listed(g.path, f"the {role} graph")
-        for name in ("vocab_size", "hidden_size", "min_pass_width"):
+        for name in ("vocab_size", "hidden_size"):
             need(_positive_int(getattr(g, name)), f"{role} graph {name} = {getattr(g, name)!r}")
         for name in ("num_layers", "num_kv_heads", "head_dim", "capacity"):
             need(_positive_int(getattr(c, name)), f"{role} graph cache.{name} = {getattr(c, name)!r}")
-        need(g.min_pass_width <= c.capacity, f"{role} graph min_pass_width {g.min_pass_width} > its capacity")
+        # the verdict's fields were checked as it was read (``GraphSpec.from_json``)
+        need(isinstance(g.verdict, Verdict), f"{role} graph verdict = {g.verdict!r}")
+        width = g.verdict.min_pass_width
+        need(width <= c.capacity, f"{role} graph min_pass_width {width} > its capacity")
         need(g.flavour in ("ort", "portable"), f"{role} graph flavour {g.flavour!r}")
         need(isinstance(g.dtype, str), f"{role} graph dtype {g.dtype!r}")
         need(c.dtype in ("float32", "float16"), f"{role} graph cache.dtype {c.dtype!r}")
-        for name in ("has_hidden_states", "batch_invariant", "tree_invariant"):
-            need(isinstance(getattr(g, name), bool), f"{role} graph {name} = {getattr(g, name)!r}")
-        need(_recorded_verdict_ok(g), f"{role} graph verdict = {g.verdict!r}")
+        need(isinstance(g.has_hidden_states, bool), f"{role} graph has_hidden_states = {g.has_hidden_states!r}")
         need(
             isinstance(g.feature_layers, tuple) and len(g.feature_layers) <= 16
             and all(_is_int(k) and 0 <= k < c.num_layers for k in g.feature_layers),

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from specdec_edge.exactness import Verdict
+
 SCHEMA_VERSION = 2  # 2: graphs record the export device's exactness verdict (``GraphSpec.verdict``)
 MANIFEST = "manifest.json"
 # Head sections a manifest may carry, with the positive integers their config must hold, and their tree keys.
@@ -24,6 +26,10 @@ HEAD_SECTIONS = {
     "medusa": ("medusa_heads",),
 }
 HEAD_TREE_KEYS = {"eagle": {"topk", "nodes", "depth"}, "eagle3": {"topk", "nodes", "depth"}, "medusa": {"tree"}}
+# How a graph's verdict (``exactness.Verdict``) is written: these fields beside the graph's others, the rest in its
+# ``verdict`` object.
+VERDICT_FLAGS = ("batch_invariant", "min_pass_width", "tree_invariant")
+VERDICT_REST = ("max_width", "device", "details")
 
 
 @dataclass(frozen=True)
@@ -66,23 +72,55 @@ class GraphSpec:
     # Layers whose entering residual stream the ``layer_features`` output [B, S, n*H] concatenates (EAGLE-3
     # heads read it); k = after k decoder layers, 0 = the embedding. Empty: no such output.
     feature_layers: tuple = ()
-    # The exactness verdict measured on the export machine (runtime/verdicts.py; exactness.py decides what it
-    # lets run): True when a token's logits are bit-identical in every pass width from ``min_pass_width`` up
-    # (narrower passes are padded to it) at every key range measured, and the rest of the verdict in
-    # ``verdict`` (the widest pass measured, the device, the key-count boundaries a pass must not straddle).
-    # Any other device measures its own verdict on first use. Required in a manifest (no defaults there).
-    batch_invariant: bool = True
-    min_pass_width: int = 1
-    # Tree rows bit-identical to their branches run as chains. When False, a float graph differs by rounding
-    # only (near-ties are logged); a quantized graph verifies only chain-shaped proposals exactly.
-    tree_invariant: bool = True
-    verdict: dict = field(default_factory=dict)  # {"max_width", "device", "details"}
+    # The exactness verdict measured on the export machine (runtime/verdicts.py; exactness.py decides what it lets
+    # run): whether a token's logits are bit-identical in every pass width from ``min_pass_width`` up (narrower
+    # passes are padded to it) at every key range measured, whether token trees match their branches run as chains,
+    # the widest pass measured, the device and the key-count boundaries a pass must not straddle. Any other device
+    # measures its own on first use. Required in a manifest (``GraphSpec.from_json``); None only in the spec that
+    # export opens an engine on to measure it. On disk: ``batch_invariant``, ``min_pass_width`` and
+    # ``tree_invariant`` beside the other fields, the rest in ``verdict`` (``to_json``).
+    verdict: Verdict | None = None
     # The graph reads the valid cache length from the attention bias's values, so the bias may span the whole
     # capacity (later slots masked): every decode pass can then have one shape (CUDA graphs). The portable
     # flavour, which slices the cache to the bias width, needs past+S columns.
     capacity_bias: bool = False
     inputs: tuple = ()
     outputs: tuple = ()
+
+    def to_json(self) -> dict:
+        """The manifest form (``from_json`` reads it back): the verdict's flags beside the other fields, the rest of
+        it in ``verdict``."""
+        if self.verdict is None:
+            raise ValueError(f"the graph {self.path} has no exactness verdict; measure it before writing a manifest")
+        data = {}
+        for key, value in asdict(self).items():
+            if key == "verdict":
+                data.update({k: value[k] for k in VERDICT_FLAGS})
+                value = {k: value[k] for k in VERDICT_REST}
+            data[key] = value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict, role: str | None = None) -> GraphSpec:
+        """A graph spec from its manifest form; ``KeyError`` names a missing field, ``ValueError`` a malformed verdict
+        (``role``: the model's, for the message)."""
+        g = dict(data)
+        missing = [k for k in (*VERDICT_FLAGS, "verdict") if k not in g]
+        if missing:
+            raise KeyError(f"the {role} graph has no {', '.join(missing)}")
+        rest = g.pop("verdict")
+        if not isinstance(rest, dict):
+            raise ValueError(f"the {role} graph's verdict = {rest!r} is not an object")
+        flat = {k: g.pop(k) for k in VERDICT_FLAGS} | {k: rest.get(k) for k in VERDICT_REST}
+        try:
+            g["verdict"] = Verdict.from_json(flat)
+        except ValueError as e:
+            raise ValueError(f"the {role} graph's {e}") from None
+        g["cache"] = CacheSpec(**g["cache"])
+        g["inputs"] = tuple(g.get("inputs", ()))
+        g["outputs"] = tuple(g.get("outputs", ()))
+        g["feature_layers"] = tuple(g.get("feature_layers", ()))
+        return cls(**g)
 
 
 @dataclass(frozen=True)
@@ -136,22 +174,20 @@ class Manifest:
     ngram_table: str | None = None  # an n-gram table of the model's own text (speculative/table.py), for auto
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The manifest's JSON form (``from_json`` reads it back)."""
+        data = asdict(self)
+        for role in ("target", "draft"):
+            model = getattr(self, role)
+            if model is not None:
+                data[role]["graph"] = model.graph.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> Manifest:
         def model(d):
             if d is None:
                 return None
-            g = dict(d["graph"])
-            missing = [k for k in ("batch_invariant", "min_pass_width", "tree_invariant", "verdict") if k not in g]
-            if missing:
-                raise KeyError(f"the {d.get('role')} graph has no {', '.join(missing)}")
-            g["cache"] = CacheSpec(**g["cache"])
-            g["inputs"] = tuple(g.get("inputs", ()))
-            g["outputs"] = tuple(g.get("outputs", ()))
-            g["feature_layers"] = tuple(g.get("feature_layers", ()))
-            return ModelSpec(**{**d, "graph": GraphSpec(**g)})
+            return ModelSpec(**{**d, "graph": GraphSpec.from_json(d["graph"], d.get("role"))})
 
         def heads(d: dict) -> dict[str, HeadSpec]:
             if not isinstance(d, dict):

@@ -10,7 +10,7 @@ from specdec_edge.api.step_costs import costs_of_bundle
 from specdec_edge.bundle.hashes import check_hashes
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.schema import Manifest, ModelSpec
-from specdec_edge.exactness import Verdict, describe, recorded_verdict
+from specdec_edge.exactness import Verdict, describe
 from specdec_edge.runtime.verdicts import cached_verdicts
 from specdec_edge.speculative.methods import available_methods
 
@@ -24,7 +24,7 @@ def summarize(bundle: str | Path) -> tuple[dict, list]:
     summary["methods"] = available_methods(manifest.draft is not None, manifest.heads)
     costs = costs_of_bundle(bundle)
     summary["step_costs"] = [c.to_json() for c in costs]
-    summary["verdicts"] = [{**recorded_verdict(manifest.target.graph).to_json(), "measured": "at export"}]
+    summary["verdicts"] = [{**manifest.target.graph.verdict.to_json(), "measured": "at export"}]
     summary["verdicts"] += [
         {**v, "measured": "on first use"} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
     ]
@@ -104,9 +104,9 @@ def manifest_summary(manifest: Manifest) -> dict:
             "vocab_size": g.vocab_size,
             "hidden_states": g.has_hidden_states,
             "feature_layers": list(g.feature_layers),
-            "batch_invariant": g.batch_invariant,
-            "min_pass_width": g.min_pass_width,
-            "tree_invariant": g.tree_invariant,
+            "batch_invariant": g.verdict.batch_invariant,
+            "min_pass_width": g.verdict.min_pass_width,
+            "tree_invariant": g.verdict.tree_invariant,
             "validation": m.validation,
         }
 

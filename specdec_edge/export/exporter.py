@@ -11,14 +11,14 @@ import datetime
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdec_edge import __version__
 from specdec_edge.bundle.schema import SCHEMA_VERSION, CacheSpec, GraphSpec
 from specdec_edge.bundle.write import StagingDir, disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
-from specdec_edge.exactness import recorded_verdict, trees_exact
+from specdec_edge.exactness import trees_exact
 from specdec_edge.runtime.base import physical_memory
 
 # "gguf": a GGUF's own quantized blocks, kept as they are (export/gguf_blocks.py), the rest fp32.
@@ -225,7 +225,7 @@ def _write_bundle(tgt, drf, out: Path, s: ExportSettings, table, prog: Progress)
             with prog.stage(f"[heads] build and validate {len(s.heads)} head graph(s)"):
                 embed = tgt.decoder.weights["model.embed_tokens.weight"]
                 target_graph = specs["target"]["graph"]
-                chains = not trees_exact(recorded_verdict(target_graph), s.dtype)
+                chains = not trees_exact(GraphSpec.from_json(target_graph).verdict, s.dtype)
                 lm_head = tgt.decoder.weights.get("lm_head.weight", embed)
                 manifest["heads"] = export_heads(
                     s.heads, embed, lm_head, staging.path, chains, target_graph=target_graph["path"]
@@ -307,7 +307,7 @@ def export_graph(loaded, root: Path, role: str, settings: ExportSettings, prog) 
     from specdec_edge.export.validate import validate_graph
     from specdec_edge.runtime.device import device_identity
     from specdec_edge.runtime.ort_engine import OrtEngine
-    from specdec_edge.runtime.verdicts import measure
+    from specdec_edge.runtime.verdicts import measure, to_verdict
 
     cfg = loaded.decoder
     folder = root / role
@@ -353,18 +353,7 @@ def export_graph(loaded, root: Path, role: str, settings: ExportSettings, prog) 
     )
     with prog.stage(f"[{role}] exactness verdict (chains of 1-64 rows, trees, key-count boundaries; bit for bit)"):
         invariance = measure(OrtEngine(path, spec))  # as a default Pipeline.load runs it
-    details = {k: v for k, v in invariance.items() if k not in ("batch_invariant", "min_pass_width", "tree_invariant")}
-    spec = replace(
-        spec,
-        batch_invariant=invariance["batch_invariant"],
-        min_pass_width=invariance["min_pass_width"],
-        tree_invariant=invariance["tree_invariant"],
-        verdict={
-            "max_width": details.pop("max_width"),
-            "device": device_identity("cpu", "default"),
-            "details": details,
-        },
-    )
+    spec = replace(spec, verdict=to_verdict(invariance, device_identity("cpu", "default")))
     with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
         report = {**validate_graph(path, spec, loaded.model, window=cfg.sliding_window), "batch_invariance": invariance}
     config = loaded.model.config
@@ -374,7 +363,7 @@ def export_graph(loaded, root: Path, role: str, settings: ExportSettings, prog) 
         "revision": loaded.revision,
         "architecture": cfg.arch.name,
         "hf_architecture": (getattr(config, "architectures", None) or [type(loaded.model).__name__])[0],
-        "graph": asdict(spec),
+        "graph": spec.to_json(),
         "validation": report,
     }
 

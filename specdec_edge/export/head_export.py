@@ -27,7 +27,7 @@ from specdec_edge.bundle.hashes import check_sources
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.write import StagingDir
 from specdec_edge.errors import ExportError
-from specdec_edge.exactness import recorded_verdict, trees_exact
+from specdec_edge.exactness import trees_exact
 from specdec_edge.export.head_onnx import TOP_K
 from specdec_edge.export.head_recipes import HeadRecipe, recipe_for
 from specdec_edge.export.heads_folder import load_heads
@@ -346,6 +346,6 @@ def add_heads(bundle: str | Path, heads_dirs, out: str | Path, force: bool = Fal
         embed, lm_head = target_weights(staging.path, graph)  # from the checked copy
         data = manifest.to_json()
         data.pop("files")
-        chains = not trees_exact(recorded_verdict(graph), graph.dtype)  # as `export --heads` records them
+        chains = not trees_exact(graph.verdict, graph.dtype)  # as `export --heads` records them
         data["heads"] = export_heads(heads_dirs, embed, lm_head, staging.path, chains, graph.path)
         return staging.commit(data)

@@ -423,6 +423,13 @@ class CachedEngine(HeldIds, ABC):
         self.length, self._ran = n, None
         self.held = [int(t) for t in tokens]
 
+    def host_kv(self, start: int, stop: int) -> np.ndarray | None:
+        """A copy of the K/V of slots ``start``..``stop``-1 as the cache holds them now (committed, or written by the
+        last ``run`` past ``length``): [layers, 2, 1, kv_heads, stop-start, head_dim]; None where the cache is not in
+        host memory (reading a device cache costs a transfer: ``runtime/verdicts.py`` then compares logits only)."""
+        cache = getattr(self, "cache", None)
+        return cache[..., start:stop, :].copy() if isinstance(cache, np.ndarray) else None
+
     def _read_slots(self, n: int) -> np.ndarray:
         """A host copy of slots 0..n-1 (engines whose cache is not a host array override this and ``_write_slots``)."""
         return self.cache[..., :n, :].copy()

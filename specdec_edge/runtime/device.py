@@ -1,9 +1,9 @@
 """What runs the passes: the identity of this device, as far as it changes a pass's rounding or its cost.
 
-Two uses: the step costs ``auto`` measures (``api/step_costs.py``) and the exactness verdict
-(``runtime/verdicts.py``) are kept per device, so a bundle copied to another machine (another CPU model
-or instruction set, a GPU, another ONNX Runtime) is measured again there instead of trusting numbers
-from the machine that exported it.
+Two uses, one identity (``device_identity``, hashed by ``device_key``): the step costs ``auto`` measures
+(``api/step_costs.py``) and the exactness verdict (``runtime/verdicts.py``) are kept per device, so a bundle copied
+to another machine (another CPU model or instruction set, a GPU, another ONNX Runtime) is measured again there
+instead of trusting numbers from the machine that exported it.
 """
 
 from __future__ import annotations
@@ -139,7 +139,9 @@ def device_name(provider: str) -> str:
 
 
 def device_identity(provider: str, threads: str) -> dict:
-    """Everything a pass's rounding may depend on: CPU model and features, GPU, provider, ONNX Runtime, threads.
+    """This device: everything a pass's rounding or cost may depend on (CPU model and features, GPU, provider, ONNX
+    Runtime, threads), with its name (``device_name``). The one identity both caches key on (``device_key``): the
+    exactness verdicts (``runtime/verdicts.py``) and the step costs (``api/step_costs.py``).
 
     ``threads``: the thread setting as a string ("2", "default", ...)."""
     import onnxruntime as ort

@@ -41,9 +41,9 @@ class OrtEngine(CachedEngine):
         check_contract(self.session, graph, model_path)
         self.attention_rows = attention_rows(self.session)
         spec = graph.cache
-        # Passes narrower than this are padded (the export's verdict; runtime/verdicts.py applies the device's);
-        # the slot a 2-row padding writes past the last real token is kept free.
-        self.min_width = max(1, graph.min_pass_width)
+        # Passes narrower than this are padded (the export's verdict, if the spec has one yet; runtime/verdicts.py
+        # applies the device's); the slot a 2-row padding writes past the last real token is kept free.
+        self.min_width = max(1, graph.verdict.min_pass_width if graph.verdict else 1)
         self.capacity = min(capacity or spec.capacity, spec.capacity - 1)
         dtype = np.float16 if spec.dtype == "float16" else np.float32
         # (layers, K/V, batch, kv_heads, capacity, head_dim); the graph's buffers keep the exported capacity.

@@ -5,7 +5,7 @@ decoding gives it. Kernels pick another code path (and rounding) for another pas
 
 * kernels have one path for a single row and another for several: GroupQueryAttention on every CPU measured,
   MatMulNBits on some (an AVX2 EPYC; not at accuracy level 4 on a Zen 5 with AVX-512 VNNI). Graphs that pad
-  their attention op to two rows inside (``Engine.attention_rows``, export/graph.py) run a one-row pass with
+  their attention op to two rows inside (``CachedEngine.attention_rows``, export/graph.py) run a one-row pass with
   every other op at one row; where that pass's logits and K/V equal the first row of a two-row pass, one-row
   passes run so (``min_pass_width`` 1, ``one_row_form`` "one row, attention padded to 2"), else the engine
   pads the whole pass to two rows (``min_pass_width`` 2, "padded to 2");
@@ -55,7 +55,7 @@ from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.hashes import manifest_digest as bundle_digest
 from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress, report
-from specdec_edge.runtime.base import PREFILL_CHUNK, RESIDUE_PERIOD, RESIDUE_WIDTHS, Engine, prefill
+from specdec_edge.runtime.base import PREFILL_CHUNK, RESIDUE_PERIOD, RESIDUE_WIDTHS, CachedEngine, prefill
 from specdec_edge.runtime.device import device_key
 from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
@@ -77,7 +77,7 @@ TREE = [-1, 0, 0, 0, 1, 1]
 class _Probe:
     """One engine under measurement, its cache holding a random context."""
 
-    def __init__(self, engine: Engine, seed: int, longest: int = 0):
+    def __init__(self, engine: CachedEngine, seed: int, longest: int = 0):
         self.engine = engine
         self.rng = np.random.default_rng(seed)
         self.vocab = engine.vocab_size
@@ -93,25 +93,22 @@ class _Probe:
     def fill(self, length: int) -> np.ndarray:
         """Commit ``length`` tokens of one random context (the same context every call) and return them.
 
-        Prefilled once, in chunks; where the engine's cache is host memory a copy of it is restored on later
-        calls (the passes in between overwrote slots after their contexts), else the context is prefilled anew."""
+        Prefilled once, in chunks; where the engine's cache is host memory its ``snapshot`` is ``restore``d on later
+        calls (the passes in between overwrote slots after their contexts; a pass writes the slots it reads beyond
+        the context), else the context is prefilled anew."""
         engine = self.engine
         if self._snapshot is not None and length <= self._filled:
-            engine.cache[...] = self._snapshot
-        else:
-            upto = min(max(length, self.longest), engine.capacity - 1) if _host_cache(engine) else length
-            if self.context is None or len(self.context) < upto:
-                self.context = self.rng.integers(0, self.vocab, upto)
-            engine.reset()
-            for start in range(0, upto, 256):
-                piece = self.context[start : min(start + 256, upto)]
-                engine.run(piece, logits_to_keep=1)
-                engine.commit(len(piece))
-            self._filled = upto
-            if _host_cache(engine):
-                self._snapshot = engine.cache.copy()
-        engine.reset()
-        engine.commit(length)
+            engine.restore(self._snapshot, self.context[:length])
+            return self.context[:length]
+        host = _host_cache(engine)
+        upto = min(max(length, self.longest), engine.capacity - 1) if host else length
+        if self.context is None or len(self.context) < upto:
+            self.context = self.rng.integers(0, self.vocab, upto)
+        prefill(engine, self.context[:upto])
+        self._filled = upto
+        if host:
+            self._snapshot = engine.snapshot()
+        engine.rollback(length)
         return self.context[:length]
 
     def run(self, past: int, tokens, positions=None, bias=None) -> np.ndarray:
@@ -155,15 +152,14 @@ def _chain_rows_match(probe: _Probe, past: int, tokens: np.ndarray, known: dict 
     return ok, worst
 
 
-def _row_inputs(engine: Engine, past: int, j: int, token: int) -> tuple | None:
+def _row_inputs(engine: CachedEngine, past: int, j: int, token: int) -> tuple | None:
     """What plain decoding's row for ``token`` after ``past + j`` slots depends on beyond the first ``past`` (the
     same context for every pass after ``past``): the K/V of slots past .. past+j-1, by their bits. None where those
     cannot be read cheaply (a device cache) and j > 0."""
     if j == 0:
         return (0, token, b"")
-    if not _host_cache(engine):
-        return None
-    return (j, token, hashlib.sha256(engine.cache[..., past : past + j, :].tobytes()).digest())
+    kv = engine.host_kv(past, past + j)
+    return None if kv is None else (j, token, hashlib.sha256(kv.tobytes()).digest())
 
 
 def _tree_rows_match(probe: _Probe, past: int, parents: list[int]) -> tuple[bool, float]:
@@ -216,14 +212,15 @@ def _reuse_rows_match(probe: _Probe, widths=(1, 2, 3, 5, 4, 8)) -> tuple[bool, f
 def _state(probe: _Probe, n: int, token: int) -> list[np.ndarray]:
     """What a cache of ``n`` slots holds: its K/V (host caches) and the row plain decoding computes after it."""
     engine = probe.engine
-    kv = [engine.cache[..., :n, :].copy()] if _host_cache(engine) else []
+    kv = engine.host_kv(0, n)
+    kv = [] if kv is None else [kv]
     row = probe.canonical(n, token)
     engine.rollback(n)
     return [*kv, row]
 
 
 def _single_rows_match(probe: _Probe, lengths) -> tuple[bool, float]:
-    """A one-row pass (as the graph runs it: its attention padded inside where ``Engine.attention_rows`` is 2)
+    """A one-row pass (as the graph runs it: its attention padded inside where ``CachedEngine.attention_rows`` is 2)
     against the first row of a two-row pass, after each of ``lengths`` - 1 slots: the logits row and, where the cache
     is host memory, the K/V it wrote in every layer."""
     ok, worst = True, 0.0
@@ -236,14 +233,15 @@ def _single_rows_match(probe: _Probe, lengths) -> tuple[bool, float]:
     return ok, worst
 
 
-def _slot(engine: Engine, slot: int) -> list[np.ndarray]:
+def _slot(engine: CachedEngine, slot: int) -> list[np.ndarray]:
     """The K/V of one cache slot in every layer (a copy), where the cache is host memory; else nothing."""
-    return [engine.cache[..., slot, :].copy()] if _host_cache(engine) else []
+    kv = engine.host_kv(slot, slot + 1)
+    return [] if kv is None else [kv[..., 0, :]]
 
 
-def one_row_form(engine: Engine) -> str:
+def one_row_form(engine: CachedEngine) -> str:
     """How ``engine`` runs a one-row pass under its measured padding: "one row, attention padded to 2" (the graph
-    pads its attention op, ``Engine.attention_rows``), "one row" or "padded to N"."""
+    pads its attention op, ``CachedEngine.attention_rows``), "one row" or "padded to N"."""
     pad = max(engine.min_width, getattr(engine, "pad_to", 0) or 0)  # GPU engines pad to a width of their own
     if pad > 1:
         return f"padded to {pad}"
@@ -254,8 +252,10 @@ def _random_tree(rng: np.random.Generator, nodes: int) -> list[int]:
     return [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
 
 
-def _host_cache(engine: Engine) -> bool:
-    return isinstance(getattr(engine, "cache", None), np.ndarray)
+def _host_cache(engine: CachedEngine) -> bool:
+    """Whether ``engine`` hands out its K/V cheaply (``CachedEngine.host_kv``: a host-memory cache): then K/V are
+    compared too and contexts restored from a snapshot; else logits only, and contexts prefilled anew."""
+    return engine.host_kv(0, 0) is not None
 
 
 def _row_signature(probe: _Probe, past: int, tokens: np.ndarray) -> np.ndarray:
@@ -266,7 +266,7 @@ def _row_signature(probe: _Probe, past: int, tokens: np.ndarray) -> np.ndarray:
     if _host_cache(engine):
         engine.rollback(past)
         engine.run(tokens, logits_to_keep=1)
-        return engine.cache[1:, :, :, :, past, :].copy()
+        return engine.host_kv(past, past + 1)[1:, ..., 0, :]
     return probe.run(past, tokens)[0]
 
 
@@ -346,7 +346,9 @@ def _descending(probe: _Probe, lengths) -> list[tuple[int, int]]:
     return [(n - 1, int(context[n - 1])) for n in lengths]
 
 
-def measure(engine: Engine, *, seed: int = 0, candidates: tuple[int, ...] = CANDIDATES, widths=CHAIN_WIDTHS) -> dict:
+def measure(
+    engine: CachedEngine, *, seed: int = 0, candidates: tuple[int, ...] = CANDIDATES, widths=CHAIN_WIDTHS
+) -> dict:
     """The verdict for ``engine``'s graph on this device (see the module docstring), as a JSON-able dict with
     ``batch_invariant``, ``min_pass_width``, ``tree_invariant``, ``max_width``, ``boundaries`` and what was
     compared. The engine is left with the measured padding and boundaries applied, its cache empty."""
@@ -497,7 +499,7 @@ def device_verdict(
     root: str | Path,
     recorded: Verdict,
     graph_path: str,
-    engine: Engine,
+    engine: CachedEngine,
     device: dict,
     *,
     progress: Progress | None = None,
@@ -528,7 +530,7 @@ def device_verdict(
     return verdict
 
 
-def apply(engine: Engine, verdict: Verdict) -> None:
+def apply(engine: CachedEngine, verdict: Verdict) -> None:
     """Give ``engine`` the padding and the key-count boundaries ``verdict`` measured."""
     engine.min_width = verdict.min_pass_width
     engine.boundaries = tuple(verdict.details.get("boundaries", ()))

@@ -63,7 +63,7 @@ class Proposer(ABC):
     """
 
     # True when proposals can branch (siblings). Quantized targets verify only chain-shaped proposals bit for
-    # bit (``GraphSpec.tree_invariant``); ``Pipeline`` checks this.
+    # bit (``GraphSpec.verdict.tree_invariant``); ``Pipeline`` checks this.
     branches: bool = False
 
     def prefill(

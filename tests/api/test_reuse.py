@@ -14,7 +14,7 @@ import pytest
 
 from specdec_edge import LoadSettings, Pipeline
 from specdec_edge.bundle.manifest import read_manifest
-from specdec_edge.exactness import describe, recorded_verdict
+from specdec_edge.exactness import describe
 from specdec_edge.sampling import SamplingParams
 from specdec_edge.speculative.loop import prefill
 from specdec_edge.speculative.proposal import EMPTY
@@ -200,12 +200,12 @@ def test_lookahead_keeps_its_pool_and_adds_the_new_prompt(plain):
 
 
 def test_the_verdict_measures_whether_a_reused_cache_equals_a_fresh_prefill(tiny_bundle, wide_heads_bundle):
-    tiny = recorded_verdict(read_manifest(tiny_bundle).target.graph)
+    tiny = read_manifest(tiny_bundle).target.graph.verdict
     assert tiny.details["reuse_matches_prefill"] is True and tiny.details["reuse_max_abs_diff"] == 0.0
     assert "equals a fresh prefill bit for bit" in describe(tiny, "fp32")
     # Heads 256 wide: a 256-row prefill chunk sums Q.K^T over more keys than a decode pass at the same position,
     # past the key-count boundary where MLAS blocks its sums otherwise, so its K/V round differently.
-    wide = recorded_verdict(read_manifest(wide_heads_bundle).target.graph)
+    wide = read_manifest(wide_heads_bundle).target.graph.verdict
     assert wide.details["boundaries"] and wide.details["reuse_matches_prefill"] is False
     assert 0 < wide.details["reuse_max_abs_diff"] < 1e-3
     assert "differs from a fresh prefill" in describe(wide, "fp32")

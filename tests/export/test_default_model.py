@@ -41,7 +41,7 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     assert "--- auto (k=6), streamed ---" in first.output  # no recorded method: auto
     manifest = default_bundle(export_if_missing=False) / "manifest.json"
     m = read_manifest(manifest.parent)
-    assert m.target.graph.dtype == "gguf" and m.default_method is None and m.target.graph.batch_invariant
+    assert m.target.graph.dtype == "gguf" and m.default_method is None and m.target.graph.verdict.batch_invariant
     assert m.ngram_table == "ngram/table.npz"  # the shipped table, for auto
     stamp = manifest.stat().st_mtime_ns
     second = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "pld", "--prompt", "Hi there"])

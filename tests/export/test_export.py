@@ -90,7 +90,7 @@ def test_precisions_export_validate_and_speculate_exactly(tiny_llama_dir, tmp_pa
     from specdec_edge import Pipeline, SpecdecError
 
     if dtype != "fp16":
-        assert m.target.graph.batch_invariant
+        assert m.target.graph.verdict.batch_invariant
         assert invariance["failed_widths"] == [] and invariance["max_width"] == 64
     else:  # measured, and applied: passes are cut to the widest width that matched, or speculation is refused
         # On an x86 CPU, ONNX Runtime runs the fp16 MatMuls in fp32 on fp32 copies of the weights
@@ -98,20 +98,20 @@ def test_precisions_export_validate_and_speculate_exactly(tiny_llama_dir, tmp_pa
         # residual stream is fp32 (export/graph.py), so nothing rounds that away. Measured on an AMD EPYC: widths
         # 16 and 32 at short contexts, and two-row passes after some cache lengths in no periodic pattern (the
         # residue sweep of runtime/verdicts.py), so this model's fp16 graph is not batch invariant there.
-        assert invariance["max_width"] == m.target.graph.verdict["max_width"]
-        if not m.target.graph.batch_invariant:
+        assert invariance["max_width"] == m.target.graph.verdict.max_width
+        if not m.target.graph.verdict.batch_invariant:
             assert invariance["max_width"] == 1 and 2 in invariance["failed_widths"]
             with pytest.raises(SpecdecError, match="not batch invariant"):
                 Pipeline.load(out, method="pld", threads=1)
             return
-    assert m.target.graph.min_pass_width == (1 if invariance["single_row_matches"] else 2)
+    assert m.target.graph.verdict.min_pass_width == (1 if invariance["single_row_matches"] else 2)
     from tests.speculative.test_methods import assert_greedy_equals_plain
 
     plain = Pipeline.load(out, method="plain", threads=1)
     assert_greedy_equals_plain(plain, plain.with_method("pld"), prompts=MANY[:8])  # chains: no allow_inexact needed
     # Trees: exact where their rows are bit-identical to chains, or in float graphs (rounding only); a quantized
     # graph whose tree rows round differently refuses tree methods.
-    if m.target.graph.tree_invariant or dtype == "fp16":
+    if m.target.graph.verdict.tree_invariant or dtype == "fp16":
         assert_greedy_equals_plain(plain, plain.with_method("lookahead"), prompts=MANY[:8])
     else:
         with pytest.raises(SpecdecError, match="verifies only chain-shaped proposals"):

@@ -435,7 +435,7 @@ def test_add_heads_to_a_quantized_bundle_works_like_exporting_with_them(tmp_path
     """Heads added to an existing quantized bundle read the weights its graph computes, and are recorded as the
     exactness policy allows on it (as `export --heads` records them); eagle and pld-eagle then run greedy-identical
     to plain without allow_inexact."""
-    from specdec_edge.exactness import recorded_verdict, trees_exact
+    from specdec_edge.exactness import trees_exact
     from specdec_edge.export.exporter import export_bundle
     from specdec_edge.export.head_export import add_heads, target_weights
     from tests.speculative.test_methods import assert_greedy_equals_plain
@@ -448,7 +448,7 @@ def test_add_heads_to_a_quantized_bundle_works_like_exporting_with_them(tmp_path
     out = add_heads(base, [trained / "eagle"], tmp_path / "with-eagle")
     graph = read_manifest(out).target.graph
     tree = read_manifest(out).heads["eagle"].tree
-    assert (tree.get("topk", 1) > 1) == trees_exact(recorded_verdict(graph), dtype)
+    assert (tree.get("topk", 1) > 1) == trees_exact(graph.verdict, dtype)
     plain = Pipeline.load(out, method="plain", threads=1)
     for method in ("eagle", "pld-eagle"):
         assert_greedy_equals_plain(plain, plain.with_method(method))

