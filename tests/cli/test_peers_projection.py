@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from benchmarks import projection
 from benchmarks.peers_chart import groups, plot_peers
 from benchmarks.projection import Shape, acceptance, full_depth, our_engine, pass_cost, speedup
 
@@ -64,14 +65,16 @@ def test_depth_is_not_projected_from_noise():
     assert math.isnan(out[1]) and math.isnan(out[2])
 
 
-def test_pass_cost_pads_interpolates_and_extrapolates():
+def test_pass_cost_pads_interpolates_and_extrapolates(monkeypatch):
     costs = {1: 9.0, 2: 10.0, 3: 11.0, 5: 15.0, 8: 24.0}
-    assert pass_cost(costs, 1) == 10.0  # padded to two rows, as our gguf bundles run it
+    assert pass_cost(costs, 1) == 9.0  # one row, where the device's verdict runs one-row passes (the default)
     assert pass_cost(costs, 4) == 13.0
     assert pass_cost(costs, 11) == 33.0  # the slope of 5 -> 8
+    monkeypatch.setattr(projection, "PLAIN_WIDTH", 2)  # --plain-width 2: a device that pads one-row passes
+    assert pass_cost(costs, 1) == 10.0
 
 
-def test_speedup_from_a_bench_reports_acceptance():
+def test_speedup_from_a_bench_reports_acceptance(monkeypatch):
     report = {
         "results": {
             "plain": {"overall": {"by_proposer": {}}},
@@ -88,5 +91,7 @@ def test_speedup_from_a_bench_reports_acceptance():
     got = acceptance(report)
     assert got == {"auto": (35, Counter({5: 10, 1: 5}))}
     costs = {1: 9.0, 2: 10.0, 5: 15.0, 8: 24.0}
-    # plain: 35 tokens x 10 ms; auto: 10 x 15 + 5 x 10 (padded) ms
+    # plain: 35 tokens x 9 ms; auto: 10 x 15 + 5 x 9 ms
+    assert speedup(costs, *got["auto"]) == pytest.approx(35 * 9 / 195)
+    monkeypatch.setattr(projection, "PLAIN_WIDTH", 2)  # one-row passes padded: plain 35 x 10; auto 150 + 5 x 10
     assert speedup(costs, *got["auto"]) == pytest.approx(350 / 200)
