@@ -92,26 +92,38 @@ def export_head_graph(head: nn.Module, path: Path, table: dict | None = None) ->
     """Write ``head``'s graph at ``path`` -- built op by op where its recipe has a builder (``head_builder.py``),
     else traced from its torch wrapper -- validate it against that wrapper in ONNX Runtime; return the report.
 
+    A built graph is checked twice: with fp32 layers (its structure, at ``TOLERANCE``; a scratch file beside
+    ``path``, removed), then as written, with 8-bit layers (at ``QUANTIZED_TOLERANCE``; ``max_rel_err``).
     ``table``: the target graph's float embedding table (``float_table``), which a built graph reads instead of
     holding a copy; ``path`` must then be beside the target graph."""
+    from specdec_edge.export.graph import save
+
     recipe = recipe_for(head.cfg.method)
     graph, examples = recipe.graph(head), recipe.examples(head.cfg)
-    if recipe.build:
-        from specdec_edge.export.graph import save
-
-        save(recipe.build(head, table=table), path)
-        tolerance = QUANTIZED_TOLERANCE
-    else:
+    if not recipe.build:
         _write_graph(graph, recipe, examples[0], path)
-        tolerance = TOLERANCE
-    report = _compare(graph, recipe, examples, path)
+        return _checked(_compare(graph, recipe, examples, path), TOLERANCE, recipe.name)
+    scratch = path.with_name(path.stem + ".fp32.onnx")
+    try:
+        save(recipe.build(head, bits=None, table=table), scratch)
+        fp32 = _checked(_compare(graph, recipe, examples, scratch), TOLERANCE, f"{recipe.name} (fp32 layers)")
+    finally:
+        for file in (scratch, scratch.with_name(scratch.name + ".data")):
+            file.unlink(missing_ok=True)
+    save(recipe.build(head, table=table), path)
+    report = _checked(_compare(graph, recipe, examples, path), QUANTIZED_TOLERANCE, recipe.name)
+    report["weights"] = f"{WEIGHT_BITS}-bit blocks of {WEIGHT_BLOCK}"
+    report["fp32_layers_max_rel_err"] = fp32["max_rel_err"]
+    return report
+
+
+def _checked(report: dict, tolerance: float, name: str) -> dict:
+    """``report`` with its worst relative error and ``tolerance``; an ExportError if the error is above it."""
     worst = max(v for k, v in report.items() if k.endswith("err"))
     report["max_rel_err"], report["tolerance"] = worst, tolerance
-    if recipe.build:
-        report["weights"] = f"{WEIGHT_BITS}-bit blocks of {WEIGHT_BLOCK}"
     if not np.isfinite(worst) or worst > tolerance:
         raise ExportError(
-            f"the {recipe.name} head graph differs from PyTorch by {worst:.3g} > {tolerance}; no bundle was written."
+            f"the {name} head graph differs from PyTorch by {worst:.3g} > {tolerance}; no bundle was written."
         )
     return report
 
