@@ -3,9 +3,11 @@
 ``export_heads`` turns trained heads folders (``heads_folder.py``) into ONNX graphs inside a
 bundle (``heads/<method>.onnx``, or ``target/<method>_head.onnx``: below), each validated against
 its torch module in ONNX Runtime; ``add_heads`` writes a copy of an existing bundle with heads,
-atomically. Both the graph and its manifest entry follow the method's recipe (``head_recipes.py``).
+atomically. Both the graph and its manifest entry follow the method's recipe (``head_recipes.py``):
+EAGLE's and EAGLE-3's step graphs are built op by op with 8-bit linear layers (``head_builder.py``),
+Medusa's is traced from its torch wrapper.
 
-A head graph that embeds tokens (EAGLE) needs the target's [V, H] embedding. Where the target
+A head graph that embeds tokens (EAGLE, EAGLE-3) needs the target's [V, H] embedding. Where the target
 graph keeps it as a float table, the head graph reads that table's bytes in the target's data
 file instead of shipping a copy: such a head graph lives beside the target graph
 (``target/<method>_head.onnx``), because ONNX Runtime reads external data only from the
@@ -28,11 +30,12 @@ from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.write import StagingDir
 from specdec_edge.errors import ExportError
 from specdec_edge.exactness import trees_exact
+from specdec_edge.export.head_builder import QUANTIZED_TOLERANCE, WEIGHT_BITS, WEIGHT_BLOCK
 from specdec_edge.export.head_onnx import TOP_K
 from specdec_edge.export.head_recipes import HeadRecipe, recipe_for
 from specdec_edge.export.heads_folder import load_heads
 
-TOLERANCE = 1e-3  # max |onnx - torch| of predicted features / log-probs, relative to their scale
+TOLERANCE = 1e-3  # max |onnx - torch| of a traced (fp32) graph's outputs, relative to their scale
 
 
 def _write_graph(graph: nn.Module, recipe: HeadRecipe, example: tuple, path: Path) -> None:
@@ -61,7 +64,8 @@ def _write_graph(graph: nn.Module, recipe: HeadRecipe, example: tuple, path: Pat
 
 
 def _compare(graph: nn.Module, recipe: HeadRecipe, examples: list[tuple], path: Path) -> dict:
-    """Worst relative error per output (and top-1 id agreement) of the ONNX file vs ``graph`` over ``examples``."""
+    """Worst relative error per output (and top-1 id agreement, top-k overlap) of the ONNX file vs ``graph`` over
+    ``examples``."""
     from specdec_edge.runtime.sessions import create_session
     from specdec_edge.runtime.threads import DEFAULT_THREADS, cpu_session_options
 
@@ -72,28 +76,54 @@ def _compare(graph: nn.Module, recipe: HeadRecipe, examples: list[tuple], path: 
             want = [t.numpy() for t in graph(*example)]
         got = sess.run(None, {n: t.numpy() for n, t in zip(recipe.inputs, example)})
         for name, g, w in zip(recipe.outputs, got, want):
-            if name == "topk_ids":
+            if name == "topk_ids":  # top-1 agreement; the mean share of the top-k ids both return
                 agree = float(np.mean(g[..., 0] == w[..., 0]))
                 report["topk_ids_agreement"] = min(report.get("topk_ids_agreement", 1.0), agree)
+                flat_g, flat_w = g.reshape(-1, g.shape[-1]), w.reshape(-1, w.shape[-1])
+                overlap = float(np.mean([len(set(a) & set(b)) / len(a) for a, b in zip(flat_g, flat_w)]))
+                report["topk_overlap"] = min(report.get("topk_overlap", 1.0), overlap)
                 continue
             err = float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-6))
             report[f"{name}_max_rel_err"] = max(report.get(f"{name}_max_rel_err", 0.0), err)
     return report
 
 
-def export_head_graph(head: nn.Module, path: Path, written: bool = False) -> dict:
-    """Write ``head`` as an ONNX graph at ``path`` (unless ``written``); validate it in ONNX Runtime; return the
-    report."""
+def export_head_graph(head: nn.Module, path: Path, table: dict | None = None) -> dict:
+    """Write ``head``'s graph at ``path`` -- built op by op where its recipe has a builder (``head_builder.py``),
+    else traced from its torch wrapper -- validate it against that wrapper in ONNX Runtime; return the report.
+
+    A built graph is checked twice: with fp32 layers (its structure, at ``TOLERANCE``; a scratch file beside
+    ``path``, removed), then as written, with 8-bit layers (at ``QUANTIZED_TOLERANCE``; ``max_rel_err``).
+    ``table``: the target graph's float embedding table (``float_table``), which a built graph reads instead of
+    holding a copy; ``path`` must then be beside the target graph."""
+    from specdec_edge.export.graph import save
+
     recipe = recipe_for(head.cfg.method)
     graph, examples = recipe.graph(head), recipe.examples(head.cfg)
-    if not written:
+    if not recipe.build:
         _write_graph(graph, recipe, examples[0], path)
-    report = _compare(graph, recipe, examples, path)
+        return _checked(_compare(graph, recipe, examples, path), TOLERANCE, recipe.name)
+    scratch = path.with_name(path.stem + ".fp32.onnx")
+    try:
+        save(recipe.build(head, bits=None, table=table), scratch)
+        fp32 = _checked(_compare(graph, recipe, examples, scratch), TOLERANCE, f"{recipe.name} (fp32 layers)")
+    finally:
+        for file in (scratch, scratch.with_name(scratch.name + ".data")):
+            file.unlink(missing_ok=True)
+    save(recipe.build(head, table=table), path)
+    report = _checked(_compare(graph, recipe, examples, path), QUANTIZED_TOLERANCE, recipe.name)
+    report["weights"] = f"{WEIGHT_BITS}-bit blocks of {WEIGHT_BLOCK}"
+    report["fp32_layers_max_rel_err"] = fp32["max_rel_err"]
+    return report
+
+
+def _checked(report: dict, tolerance: float, name: str) -> dict:
+    """``report`` with its worst relative error and ``tolerance``; an ExportError if the error is above it."""
     worst = max(v for k, v in report.items() if k.endswith("err"))
-    report["max_rel_err"], report["tolerance"] = worst, TOLERANCE
-    if not np.isfinite(worst) or worst > TOLERANCE:
+    report["max_rel_err"], report["tolerance"] = worst, tolerance
+    if not np.isfinite(worst) or worst > tolerance:
         raise ExportError(
-            f"the {recipe.name} head graph differs from PyTorch by {worst:.3g} > {TOLERANCE}; no bundle was written."
+            f"the {name} head graph differs from PyTorch by {worst:.3g} > {tolerance}; no bundle was written."
         )
     return report
 
@@ -110,8 +140,8 @@ def export_heads(
 
     ``embed`` and ``lm_head``: the target's [V, H] weights.
     ``chains``: record one-branch tree settings (the target verifies only chains bit for bit).
-    ``target_graph``: the target graph's path in the bundle; head graphs that embed tokens read its float
-    embedding table, if it has one, instead of a copy of their own.
+    ``target_graph``: the target graph's path in the bundle; head graphs that embed tokens (the built ones) read its
+    float embedding table, if it has one, instead of a copy of their own, from beside it.
     """
     section = {}
     (root / "heads").mkdir(exist_ok=True)
@@ -121,11 +151,11 @@ def export_heads(
         cfg = head.cfg
         if cfg.method in section:
             raise ExportError(f"two {cfg.method} heads folders were given; pass one per method.")
+        shared = table if table and recipe_for(cfg.method).build else None
         path = root / "heads" / f"{cfg.method}.onnx"
-        report = export_head_graph(head, path)
-        if table and _holds_table(path, table):
-            path = _read_target_table(path, table, root / Path(target_graph).parent / f"{cfg.method}_head.onnx")
-            report = export_head_graph(head, path, written=True)
+        if shared:
+            path = root / Path(target_graph).parent / f"{cfg.method}_head.onnx"
+        report = export_head_graph(head, path, shared)
         config = {k: v for k, v in asdict(cfg).items() if k not in ("method", "training")}
         section[cfg.method] = {
             "graph": path.relative_to(root).as_posix(),
@@ -162,52 +192,6 @@ def float_table(graph_path: Path) -> dict | None:
                 "dims": list(init.dims),
             }
     return None
-
-
-def _table_tensor(model, table: dict):
-    """The tensor of a head graph that holds the target's table (its shape and dtype): an initializer, or the
-    value of a Constant node (how the exporter writes a torch buffer); None if there is none."""
-    for init in model.graph.initializer:
-        if list(init.dims) == table["dims"] and init.data_type == table["data_type"]:
-            return init
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            t = node.attribute[0].t
-            if list(t.dims) == table["dims"] and t.data_type == table["data_type"]:
-                return node
-    return None
-
-
-def _holds_table(path: Path, table: dict) -> bool:
-    import onnx
-
-    return _table_tensor(onnx.load(str(path), load_external_data=False), table) is not None
-
-
-def _read_target_table(path: Path, table: dict, dest: Path) -> Path:
-    """Move the head graph at ``path`` to ``dest`` (beside the target graph), its copy of the embedding replaced by
-    an initializer that points at the target's table in the target's data file; the head's own data file keeps
-    its other weights. Returns ``dest``."""
-    import onnx
-
-    from specdec_edge.export.graph import save
-
-    model = onnx.load(str(path))  # small: the head's own weights and its copy of the table
-    found = _table_tensor(model, table)
-    name = found.name if isinstance(found, onnx.TensorProto) else found.output[0]
-    if isinstance(found, onnx.NodeProto):
-        model.graph.node.remove(found)
-    else:
-        model.graph.initializer.remove(found)
-    init = onnx.TensorProto(name=name, data_type=table["data_type"], dims=table["dims"])
-    init.data_location = onnx.TensorProto.EXTERNAL
-    for key in ("location", "offset", "length"):
-        init.external_data.add(key=key, value=str(table[key]))
-    model.graph.initializer.append(init)
-    save(model, dest)  # writes the other tensors into dest's own data file; the table stays where it is
-    for old in (path, path.with_name(path.name + ".data")):
-        old.unlink(missing_ok=True)
-    return dest
 
 
 def target_weights(bundle: Path, graph=None) -> tuple[np.ndarray, np.ndarray]:

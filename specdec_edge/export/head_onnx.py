@@ -1,4 +1,7 @@
-"""What each head's ONNX graph computes: the torch wrappers that are exported, and example inputs to check them.
+"""What each head's ONNX graph computes: the torch wrappers, and example inputs to check graphs against them.
+
+Medusa's wrapper is traced into its graph; EAGLE's and EAGLE-3's graphs are built op by op
+(``head_builder.py``) and checked against these wrappers.
 
 A head graph returns the ``TOP_K`` best draft tokens per row (log-probabilities and
 full-vocabulary ids) instead of the logits, so the host never handles a vocabulary-wide array.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from specdec_edge.errors import ExportError
+from specdec_edge.export.head_builder import build_head_graph
 from specdec_edge.export.head_losses import eagle3_loss, eagle_loss, medusa_loss
 from specdec_edge.export.head_modules import Eagle3Head, EagleHead, FrozenTarget, HeadConfig, MedusaHeads
 from specdec_edge.export.head_onnx import (
@@ -39,13 +40,16 @@ class HeadRecipe:
     tree: dict
     # The same for a target whose tree rows are not bit-identical to chains (quantized graphs): one branch.
     chain: dict
-    graph: type[nn.Module]  # graph(head): what is exported to heads/<method>.onnx
+    graph: type[nn.Module]  # graph(head): what heads/<method>.onnx computes, traced into it unless ``build`` is set
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     dynamic_axes: dict[str, dict[int, str]]
     examples: Callable[[HeadConfig], list[tuple]]  # graph inputs: the first is traced, all are validated
     reads_layers: bool = False  # reads the target's ``layer_features`` (EAGLE-3), not only its hidden states
     sizes: tuple[str, ...] = ()  # the HeadConfig sizes this module is built from (each at least 1)
+    # build(head, table=...) -> the ONNX model, built op by op (``head_builder.py``: 8-bit layers, fused ops) instead
+    # of traced from ``graph``; ``table``: the target graph's float embedding table, which the graph then reads
+    build: Callable | None = None
 
 
 def _eagle_config(hidden_size, vocab_size, draft_vocab, kv_heads, head_dim, medusa_heads, feature_layers=()):
@@ -105,6 +109,7 @@ RECIPES: dict[str, HeadRecipe] = {
         dynamic_axes={"features": {1: "seq"}, **_HEAD_STEP_AXES},
         examples=eagle_examples,
         sizes=("num_heads", "num_kv_heads", "head_dim", "intermediate_size"),
+        build=build_head_graph,
     ),
     "eagle3": HeadRecipe(
         name="eagle3",
@@ -130,6 +135,7 @@ RECIPES: dict[str, HeadRecipe] = {
         examples=eagle3_examples,
         reads_layers=True,
         sizes=("num_heads", "num_kv_heads", "head_dim", "intermediate_size"),
+        build=build_head_graph,
     ),
     "medusa": HeadRecipe(
         name="medusa",

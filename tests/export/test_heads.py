@@ -89,6 +89,7 @@ def test_every_head_recipe_trains_exports_and_validates(tmp_path, tiny_llama_dir
     import torch
     from safetensors.numpy import load_file
 
+    from specdec_edge.export.head_builder import QUANTIZED_TOLERANCE
     from specdec_edge.export.head_export import TOLERANCE, export_head_graph
     from specdec_edge.export.head_modules import FrozenTarget
     from specdec_edge.export.heads_folder import load_heads, save_heads
@@ -126,7 +127,8 @@ def test_every_head_recipe_trains_exports_and_validates(tmp_path, tiny_llama_dir
             p.add_(0.05 * torch.randn_like(p))
     loaded = load_heads(save_heads(tmp_path / method, head, vocab_ids), embed, lm_head)
     report = export_head_graph(loaded, tmp_path / f"{method}.onnx")
-    assert report["max_rel_err"] < TOLERANCE and report["topk_ids_agreement"] == 1.0
+    assert report["tolerance"] == (QUANTIZED_TOLERANCE if recipe.build else TOLERANCE)  # 8-bit layers: looser
+    assert report["max_rel_err"] < report["tolerance"] and report["topk_ids_agreement"] == 1.0
     graph = onnx.load(str(tmp_path / f"{method}.onnx")).graph
     assert tuple(i.name for i in graph.input) == recipe.inputs
     assert tuple(o.name for o in graph.output) == recipe.outputs
