@@ -138,19 +138,24 @@ def _write_part(path: Path, seqs: list[tuple], width: int) -> None:
 
 
 def _read_part(path: Path, layers: bool = False) -> list[dict]:
-    """The sequences of one part file (with their layer features if ``layers``)."""
+    """The sequences of one part file (with their layer features if ``layers``): views into the file's arrays,
+    each read once (``NpzFile`` decompresses an array anew on every access, and a view keeps its whole base
+    alive: a shard read per sequence held one full copy per sequence)."""
     with np.load(path) as z:
-        starts = np.cumsum(np.concatenate([[0], z["lengths"]]))
-        seqs = [
-            {"ids": z["ids"][a:b].astype(np.int64), "features": z["features"][a:b], "answer_start": int(s)}
-            for a, b, s in zip(starts[:-1], starts[1:], z["answer_starts"])
-        ]
-        if layers and len(seqs):
-            if "layer_features" not in z:
-                raise ExportError(f"{path} holds no layer features; delete its data folder and rerun.")
-            for seq, a, b in zip(seqs, starts[:-1], starts[1:]):
-                seq["layer_features"] = z["layer_features"][a:b]
-        return seqs
+        lengths, answer_starts = z["lengths"], z["answer_starts"]
+        ids, features = z["ids"].astype(np.int64), z["features"]
+        if layers and len(lengths) and "layer_features" not in z:
+            raise ExportError(f"{path} holds no layer features; delete its data folder and rerun.")
+        layer_features = z["layer_features"] if layers and len(lengths) else None
+    starts = np.cumsum(np.concatenate([[0], lengths]))
+    seqs = [
+        {"ids": ids[a:b], "features": features[a:b], "answer_start": int(s)}
+        for a, b, s in zip(starts[:-1], starts[1:], answer_starts)
+    ]
+    if layer_features is not None:
+        for seq, a, b in zip(seqs, starts[:-1], starts[1:]):
+            seq["layer_features"] = layer_features[a:b]
+    return seqs
 
 
 def generate_data(

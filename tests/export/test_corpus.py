@@ -212,3 +212,42 @@ def test_a_bundle_with_the_table_drafts_from_it_and_stays_exact(tmp_path, grown,
         )
     with pytest.raises(ExportError, match="is not a file"):
         export_bundle(str(chatty_dir), tmp_path / "b3", capacity=256, ngram_table=tmp_path / "none.npz", progress=False)
+
+
+@pytest.mark.parametrize("layers", [False, True])
+def test_a_cached_shard_is_read_once_into_views_of_one_array_per_field(tmp_path, layers):
+    """The sequences of a feature file are slices of one array per field (a shard's memory once, not once per
+    sequence: reading each sequence's slice through the .npz kept a whole decompressed copy alive per sequence)."""
+    from specdec_edge.export.draft_data import _read_part, _write_part
+
+    rng = np.random.default_rng(0)
+    seqs = [
+        (
+            rng.integers(0, 500, n).astype(np.int32),
+            rng.standard_normal((n, 8)).astype(np.float16),
+            n // 2,
+            rng.standard_normal((n, 24)).astype(np.float16) if layers else None,
+        )
+        for n in (5, 9, 3, 7)
+    ]
+    _write_part(tmp_path / "part.npz", seqs, 8)
+    read = _read_part(tmp_path / "part.npz", layers)
+    assert len(read) == 4
+    for got, (ids, feats, start, layer) in zip(read, seqs):
+        np.testing.assert_array_equal(got["ids"], ids)
+        np.testing.assert_array_equal(got["features"], feats)
+        assert got["answer_start"] == start and got["ids"].dtype == np.int64
+        if layers:
+            np.testing.assert_array_equal(got["layer_features"], layer)
+    fields = ["ids", "features"] + (["layer_features"] if layers else [])
+    for field in fields:
+        bases = {id(seq[field].base) for seq in read}
+        assert len(bases) == 1 and read[0][field].base is not None, field
+
+
+def test_a_feature_file_without_layer_features_is_refused_where_they_are_needed(tmp_path):
+    from specdec_edge.export.draft_data import _read_part, _write_part
+
+    _write_part(tmp_path / "part.npz", [(np.arange(4, dtype=np.int32), np.zeros((4, 8), np.float16), 2, None)], 8)
+    with pytest.raises(ExportError, match="holds no layer features"):
+        _read_part(tmp_path / "part.npz", layers=True)
