@@ -193,6 +193,16 @@ def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
     help="With --corpus: one request in this many is held out of training (chosen by a hash of its text).",
 )  # fmt: skip
 @click.option(
+    "--corpus-shards", type=click.IntRange(min=0), default=0, show_default=True,
+    help="With --corpus: train on its first N shards (0: all it holds now). A rerun that resumes a run begun "
+    "before the corpus grew names the count it began with.",
+)  # fmt: skip
+@click.option(
+    "--init", type=click.Path(exists=True, file_okay=False), default=None,
+    help="Start from these heads (an earlier run's OUT/METHOD: its weights and draft vocabulary) instead of "
+    "random weights, so that training on a grown corpus continues the last run. eagle and medusa.",
+)
+@click.option(
     "--eval-bundle",
     type=click.Path(exists=True, file_okay=False),
     default=None,
@@ -292,6 +302,8 @@ def train_draft(method, target, out, **settings):
       specdec-edge train-draft --method eagle --target ./model --prompts my-requests.txt --out heads-work
       specdec-edge train-draft --method eagle --target bundles/gguf-hs --corpus corpus/smollm2-135m-instruct \
         --eval-bundle bundles/gguf-hs --out heads-work      # the bundle's own features, checked each epoch
+      specdec-edge train-draft --method eagle --target bundles/gguf-hs --corpus corpus/smollm2-135m-instruct \
+        --init heads-work/eagle --epochs 2 --out heads-work2   # the last run's head, on the grown corpus
       specdec-edge export-drafter heads-work/eagle3 --out drafters/smollm2-eagle3   # for vLLM/SGLang/TRT-LLM
     """
     if not settings["spinning"]:  # before torch starts its OpenMP pool: waiting threads sleep instead of spin

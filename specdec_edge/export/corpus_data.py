@@ -23,6 +23,9 @@ from specdec_edge.export.corpus import Corpus, held_out
 from specdec_edge.export.draft_data import _read_part, _write_part
 
 
+MAX_TOKENS = 1024  # of one sequence fed for features (request and answer); a part of each cache file's key
+
+
 def _shard_features(tap, corpus: Corpus, shard: dict, max_tokens: int) -> list[tuple]:
     """(ids, features, answer start, layer features) per record of ``shard``."""
     from specdec_edge.runtime.base import prefill
@@ -43,14 +46,15 @@ def corpus_data(
     folder: Path,
     *,
     layers: bool = False,
-    max_tokens: int = 1024,
     held_out_every: int = 50,
     threads: int | None = None,
     progress: bool = True,
+    shards: int | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """(training sequences, held-out sequences) of every whole shard of the corpus in ``corpus_dir``, with
     ``bundle``'s features (``draft_data``'s sequence dicts; held-out ones also carry their ``request``): one
-    request in ``held_out_every`` is held out (``corpus.held_out``)."""
+    request in ``held_out_every`` is held out (``corpus.held_out``). ``shards``: only the first N (a training run
+resumed on a corpus that has grown since reads what it started with)."""
     from tqdm import tqdm
 
     from specdec_edge.api.pipeline import Pipeline
@@ -59,18 +63,21 @@ def corpus_data(
     from specdec_edge.speculative.features import FeatureTap
 
     corpus = Corpus.read(corpus_dir)
+    if shards is not None and shards > len(corpus.shards):
+        raise ExportError(f"the corpus in {corpus_dir} holds {len(corpus.shards)} shards, not {shards}; grow it first.")
+    chosen = corpus.shards[:shards]
     if read_manifest(bundle).target.graph.vocab_size != corpus.identity["vocab_size"]:
         raise ExportError(f"the corpus in {corpus_dir} was written with another vocabulary than bundle {bundle}'s.")
     folder.mkdir(parents=True, exist_ok=True)
     digest, pipe, train, apart = manifest_digest(bundle), None, [], []
-    bar = tqdm(total=len(corpus.shards), desc="corpus features", unit="shard", file=sys.stderr, disable=not progress)
-    for shard in corpus.shards:
+    bar = tqdm(total=len(chosen), desc="corpus features", unit="shard", file=sys.stderr, disable=not progress)
+    for shard in chosen:
         path = folder / f"features-{shard['shard']:05d}.npz"
-        key = {"bundle": digest, "ids_sha256": shard["ids_sha256"], "max_tokens": max_tokens}
+        key = {"bundle": digest, "ids_sha256": shard["ids_sha256"], "max_tokens": MAX_TOKENS}
         meta = path.with_suffix(".json")
         if not (path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key):
             pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads, history=False, prompt_cache_mb=0)
-            seqs = _shard_features(FeatureTap(pipe.engines.target), corpus, shard, max_tokens)
+            seqs = _shard_features(FeatureTap(pipe.engines.target), corpus, shard, MAX_TOKENS)
             _write_part(path, seqs, pipe.engines.target.graph.hidden_size)
             write_atomic(meta, json.dumps(key))
         for seq, (request, _, _) in zip(_read_part(path, layers), corpus.records(shard)):

@@ -27,6 +27,7 @@ from torch import nn
 
 from specdec_edge.api.settings import LoadSettings
 from specdec_edge.atomic import write_atomic
+from specdec_edge.bundle.hashes import sha256_file
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.schema import Manifest
 from specdec_edge.bundle.write import disk_errors, prepare_out_dir
@@ -35,7 +36,7 @@ from specdec_edge.export.draft_data import batches, draft_vocabulary, generate_d
 from specdec_edge.export.head_export import target_final_norm, target_weights
 from specdec_edge.export.head_modules import Eagle3Head, FrozenTarget
 from specdec_edge.export.head_recipes import HEAD_METHODS, RECIPES, HeadRecipe
-from specdec_edge.export.heads_folder import save_heads, trainable_state
+from specdec_edge.export.heads_folder import checked_weights, read_head_config, save_heads, trainable_state
 from specdec_edge.export.self_data import batch_answerer, self_written_prompts, torch_target
 
 
@@ -65,6 +66,8 @@ class TrainSettings:
     eval_bundle: str | Path | None = None  # after each epoch: the heads' chain acceptance on this bundle
     eval_prompts: int = 24  # held-out corpus requests answered by that check
     held_out_every: int = 50  # one corpus request in this many is kept apart from training (``corpus.held_out``)
+    corpus_shards: int = 0  # the corpus's first N shards (0: all): a rerun resumes on the shards it started with
+    init: str | Path | None = None  # a heads folder to start from (its weights and draft vocabulary), not random
 
 
 @dataclass
@@ -79,6 +82,7 @@ class Prepared:
     vocab_ids: np.ndarray  # [V'] target token ids of the draft vocabulary, sorted
     final_norm: np.ndarray | None = None  # [H] the target's final norm weight, if the graph names it
     held_out: list[dict] = field(default_factory=list)  # sequences kept apart from training (a corpus's)
+    corpus_shards: int = 0  # how many of the corpus's shards the data holds (0: no corpus)
 
 
 def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> Prepared:
@@ -125,15 +129,19 @@ def prepare_corpus(bundle: Path, manifest: Manifest, out: Path, s: TrainSettings
     """``prepare`` from a corpus: its sequences with ``bundle``'s own features (cached per shard in ``out``)."""
     from specdec_edge.export.corpus_data import corpus_data
 
+    from specdec_edge.export.corpus import Corpus
+
+    shards = s.corpus_shards or len(Corpus.read(s.corpus).shards)  # fixed now: the generator may be adding more
     data, apart = corpus_data(
         bundle, s.corpus, out / "corpus-features", layers=layers, held_out_every=s.held_out_every,
-        threads=s.threads, progress=s.progress,
+        threads=s.threads, progress=s.progress, shards=shards,
     )  # fmt: skip
     embed, lm_head = target_weights(bundle)
     eos = manifest.tokenizer.eos_token_ids
     vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, s.draft_vocab, eos)
     texts = [""] * (len(data) + len(apart))  # the requests live in the corpus; only their count is reported
-    return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, target_final_norm(bundle), held_out=apart)
+    final_norm = target_final_norm(bundle)
+    return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, final_norm, held_out=apart, corpus_shards=shards)
 
 
 def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int) -> nn.Module:
@@ -152,6 +160,37 @@ def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int)
     scale = feature_scale(prep.data) if recipe.reads_layers else None
     target = FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids, final_norm=prep.final_norm, feature_scale=scale)
     return recipe.module(cfg, target)
+
+
+def initial_weights(folder: str | Path, method: str, prep: Prepared) -> dict[str, np.ndarray]:
+    """``--init``: the weights of an earlier run's heads folder, checked to be ``method``'s for this target.
+    ``prep`` takes its draft vocabulary (the head's output rows belong to it), so training continues that head on
+    new data instead of starting from random weights: each session's run adds to the last."""
+    folder = Path(folder)
+    cfg = read_head_config(folder)
+    graph = prep.manifest.target.graph
+    if cfg.method != method:
+        raise ExportError(f"--init {folder} holds {cfg.method} heads, not {method}; pass a {method} heads folder.")
+    if method == "eagle3":  # its saved fc has the training-time feature scale folded in: not a training state
+        raise ExportError("--init continues eagle or medusa heads; train EAGLE-3 heads from the start.")
+    if (cfg.hidden_size, cfg.vocab_size) != (graph.hidden_size, graph.vocab_size):
+        raise ExportError(
+            f"--init {folder} was trained for hidden {cfg.hidden_size} x vocab {cfg.vocab_size}, the target has "
+            f"{graph.hidden_size} x {graph.vocab_size}; pass heads trained for this target."
+        )
+    tensors, prep.vocab_ids = checked_weights(folder, cfg)
+    return tensors
+
+
+def load_initial(head: nn.Module, tensors: dict[str, np.ndarray], folder: str | Path) -> None:
+    """Copy ``tensors`` (``initial_weights``) into ``head``: every trainable tensor, at its shape."""
+    own = trainable_state(head)
+    if set(own) != set(tensors) or any(tuple(own[k].shape) != tuple(v.shape) for k, v in tensors.items()):
+        raise ExportError(
+            f"--init {folder} holds heads of other sizes than this run trains (e.g. --medusa-heads); pass "
+            "the same sizes or train from the start."
+        )
+    head.load_state_dict({k: torch.as_tensor(v).float() for k, v in tensors.items()}, strict=False)
 
 
 def feature_scale(data: list[dict], rows: int = 65536) -> np.ndarray:
@@ -201,8 +240,8 @@ class Training:
 class Checkpoint:
     """``<method>/checkpoint.pt``: a training state and the settings it was made with, replaced atomically."""
 
-    def __init__(self, path: Path, settings: dict):
-        self.path, self.settings = path, settings
+    def __init__(self, path: Path, settings: dict, corpus_shards: int = 0):
+        self.path, self.settings, self.corpus_shards = path, settings, corpus_shards  # shards: for its error only
 
     def resume(self, t: Training) -> None:
         """Load the saved state into ``t``, if there is one; an ExportError if it was made with other settings."""
@@ -216,7 +255,12 @@ class Checkpoint:
                 f"{type(e).__name__}); delete it to train from the start, or use a new --out."
             ) from None
         if not isinstance(state, dict) or state.get("settings") != self.settings:
-            raise ExportError(f"{self.path} was written with other settings; use a new --out or delete the checkpoint.")
+            shards = state.get("corpus_shards") if isinstance(state, dict) else None
+            grown = f" (it trained on the corpus's first {shards} shards: add --corpus-shards {shards})" if (
+                shards and shards != self.corpus_shards) else ""  # fmt: skip
+            raise ExportError(
+                f"{self.path} was written with other settings{grown}; use a new --out or delete the checkpoint."
+            )
         t.head.load_state_dict(state["head"], strict=False)
         t.optimizer.load_state_dict(state["optimizer"])
         t.schedule.load_state_dict(state["schedule"])
@@ -230,6 +274,7 @@ class Checkpoint:
             "head": trainable_state(t.head),
             "optimizer": t.optimizer.state_dict(),
             "schedule": t.schedule.state_dict(),
+            "corpus_shards": self.corpus_shards,
         }
         write_atomic(self.path, write=lambda tmp: torch.save(state, tmp))
 
@@ -288,6 +333,7 @@ def training_summary(
         "prompts": len(prep.texts),
         "holdout_per_category": s.holdout,
         "sequences": len(prep.data),
+        **({"corpus_shards": prep.corpus_shards} if prep.corpus_shards else {}),
         "tokens": int(sum(len(d["ids"]) for d in prep.data)),
         "answer_tokens": s.answer_tokens,
         "draft_vocab": len(prep.vocab_ids),
@@ -373,18 +419,25 @@ def train_draft(method: str, target: str, out: str | Path, settings: TrainSettin
     prepare_out_dir(out / method, force=True)  # a writable file system, before the long work
     started, cpu_started = time.perf_counter(), time.process_time()
     prep = prepare(target, out, s, layers=recipe.reads_layers)
+    init = initial_weights(s.init, method, prep) if s.init else None
     head = build_head(recipe, prep, s.medusa_heads, s.seed)
+    if init is not None:
+        load_initial(head, init, s.init)
     t = Training.start(head, batches(prep.data, s.batch_tokens, s.epochs, s.seed), s.lr)
     ends = tuple(np.cumsum([len(batches(prep.data, s.batch_tokens, 1, s.seed + e)) for e in range(s.epochs)]).tolist())
     folder = out / method
     folder.mkdir(exist_ok=True)
     settings = {"method": method, "config": asdict(head.cfg), "steps": len(t.plan), "lr": s.lr, "seed": s.seed}
-    checkpoint = Checkpoint(folder / "checkpoint.pt", settings)
+    if s.init:  # a checkpoint continues only the run that started from these weights
+        settings["init"] = sha256_file(Path(s.init) / "weights.safetensors")
+    checkpoint = Checkpoint(folder / "checkpoint.pt", settings, prep.corpus_shards)
     checkpoint.resume(t)
     on_epoch = EpochCheck(recipe, prep, s, folder) if s.eval_bundle else None
     train_seconds = run_training(recipe, t, prep.data, checkpoint, s, ends, on_epoch)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     head.cfg.training = training_summary(prep, t, s, train_seconds, seconds, cpu_seconds)
+    if s.init:  # where the weights came from, with that run's own summary (and so on back)
+        head.cfg.training["init"] = {"folder": Path(s.init).name, "training": read_head_config(Path(s.init)).training}
     if isinstance(head, Eagle3Head):
         head.fold_feature_scale()  # the checkpoint above keeps the unfolded weights a rerun continues from
     return save_heads(folder, head.eval(), prep.vocab_ids)

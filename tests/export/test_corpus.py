@@ -251,3 +251,42 @@ def test_a_feature_file_without_layer_features_is_refused_where_they_are_needed(
     _write_part(tmp_path / "part.npz", [(np.arange(4, dtype=np.int32), np.zeros((4, 8), np.float16), 2, None)], 8)
     with pytest.raises(ExportError, match="holds no layer features"):
         _read_part(tmp_path / "part.npz", layers=True)
+
+
+def test_training_continues_an_earlier_head_on_the_first_shards_it_names(tmp_path, grown, chatty_bundle):
+    """--corpus-shards trains on the first N shards (and a resumed run's error names the N it began with);
+    --init starts from an earlier run's weights and draft vocabulary: with lr 0 the head comes out as it went in."""
+    from safetensors.numpy import load_file
+
+    from specdec_edge.export.train_draft import train_draft
+    from tests.tiny_models import TRAIN
+
+    corpus = tmp_path / "c"
+    shutil.copytree(grown, corpus)
+    grow(chatty_bundle, corpus, SETTINGS, answer_tokens_goal=10**6, max_shards=1, threads=1, log=lambda m: 0)
+    assert len(Corpus.read(corpus).shards) == 2
+    settings = dict(TRAIN, epochs=1, corpus=corpus, threads=1, progress=False, held_out_every=1000)
+    first = train_draft("eagle", str(chatty_bundle), tmp_path / "a", **settings, corpus_shards=1)
+    training = json.loads((first / "config.json").read_text())["training"]
+    assert training["corpus_shards"] == 1
+    assert training["sequences"] == len(Corpus.read(corpus).shards[0]["records"])
+    with pytest.raises(ExportError, match="holds 2 shards, not 3"):
+        train_draft("eagle", str(chatty_bundle), tmp_path / "x", **settings, corpus_shards=3)
+    with pytest.raises(ExportError, match="--corpus-shards 1"):  # the corpus grew: the rerun is told what to pass
+        train_draft("eagle", str(chatty_bundle), tmp_path / "a", **settings)
+
+    second = train_draft("eagle", str(chatty_bundle), tmp_path / "b", **dict(settings, lr=0.0), init=first)
+    before, after = load_file(str(first / "weights.safetensors")), load_file(str(second / "weights.safetensors"))
+    assert set(before) == set(after)
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+    training = json.loads((second / "config.json").read_text())["training"]
+    assert training["corpus_shards"] == 2 and training["init"]["folder"] == "eagle"
+    assert training["init"]["training"]["corpus_shards"] == 1
+    # the same --init trained with a learning rate moves away from it
+    third = train_draft("eagle", str(chatty_bundle), tmp_path / "c3", **settings, init=first)
+    moved = load_file(str(third / "weights.safetensors"))
+    assert any(not np.array_equal(before[k], moved[k]) for k in before if k != "vocab_ids")
+    np.testing.assert_array_equal(before["vocab_ids"], moved["vocab_ids"])
+    with pytest.raises(ExportError, match="holds eagle heads, not medusa"):
+        train_draft("medusa", str(chatty_bundle), tmp_path / "m", **settings, init=first)
