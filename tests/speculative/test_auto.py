@@ -10,6 +10,7 @@ the stats, bench and chat.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -100,6 +101,38 @@ def test_two_proposals_merge_into_one_tree_when_width_is_cheap():
     assert sorted(auto._chosen.parts[1][2].tolist()) == [merged.tokens.tolist().index(t) for t in (5, 9)]
     chains_only = AutoProposer([chain, other], scripted_costs(0.0), trees=False)
     assert chains_only.propose([1, 2, 3], 4).parents is None
+
+
+class Deep(Proposer):
+    """A chain of ``k`` tokens, costing ``seconds`` a call (a head or draft model: the costly kind); records k."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.asked = seconds, []
+
+    def propose(self, context, k):
+        self.asked.append(k)
+        time.sleep(self.seconds)
+        return Proposal(np.arange(5, 5 + k, dtype=np.int64), source="deep")
+
+
+def test_a_costly_proposer_is_asked_one_level_past_what_its_options_are_worth():
+    # Rows cost 60 % of a pass each and 30 % of nodes are accepted: one node is worth verifying, never four.
+    costly = Deep(0.003)
+    auto = AutoProposer([Candidate("deep", costly, fixed_rates(0.3))], scripted_costs(0.006))
+    widths = [len(auto.propose([1, 2, 3], 6).tokens) for _ in range(20)]
+    # (the first ask, before its cost is known, is for all k)
+    assert costly.asked[0] == 6 and len(costly.asked) > 1 and max(costly.asked[1:]) == 2 and max(widths) <= 1
+    # Width nearly free and nodes nearly always accepted: the depth asked grows a level at a time up to k.
+    costly = Deep(0.003)
+    auto = AutoProposer([Candidate("deep", costly, fixed_rates(0.95))], scripted_costs(0.0001))
+    for _ in range(30):
+        auto.propose([1, 2, 3], 6)
+    assert costly.asked[1] < 6 and costly.asked[-1] == 6
+    assert all(b - a <= 1 for a, b in zip(costly.asked[1:], costly.asked[2:]))
+    # A cheap proposer is asked for all k
+    cheap = Deep(0.0)
+    AutoProposer([Candidate("cheap", cheap, fixed_rates(0.3))], scripted_costs(0.006)).propose([1, 2, 3], 6)
+    assert cheap.asked == [6]
 
 
 def test_the_guard_falls_back_to_plain_then_tries_again():
