@@ -198,7 +198,9 @@ def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
     "before the corpus grew names the count it began with.",
 )  # fmt: skip
 @click.option(
-    "--init", type=click.Path(exists=True, file_okay=False), default=None,
+    "--init",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
     help="Start from these heads (an earlier run's OUT/METHOD: its weights and draft vocabulary) instead of "
     "random weights, so that training on a grown corpus continues the last run. eagle and medusa.",
 )

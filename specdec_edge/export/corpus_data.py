@@ -22,7 +22,6 @@ from specdec_edge.errors import ExportError
 from specdec_edge.export.corpus import Corpus, held_out
 from specdec_edge.export.draft_data import _read_part, _write_part
 
-
 MAX_TOKENS = 1024  # of one sequence fed for features (request and answer); a part of each cache file's key
 
 
@@ -51,10 +50,11 @@ def corpus_data(
     progress: bool = True,
     shards: int | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """(training sequences, held-out sequences) of every whole shard of the corpus in ``corpus_dir``, with
-    ``bundle``'s features (``draft_data``'s sequence dicts; held-out ones also carry their ``request``): one
-    request in ``held_out_every`` is held out (``corpus.held_out``). ``shards``: only the first N (a training run
-resumed on a corpus that has grown since reads what it started with)."""
+    """(training sequences, held-out sequences) of every whole shard of the corpus in ``corpus_dir``.
+
+    Each carries ``bundle``'s features (``draft_data``'s sequence dicts; held-out ones also carry their
+    ``request``): one request in ``held_out_every`` is held out (``corpus.held_out``). ``shards``: only the
+    first N (a training run resumed on a corpus that has grown since reads what it started with)."""
     from tqdm import tqdm
 
     from specdec_edge.api.pipeline import Pipeline

@@ -127,9 +127,8 @@ def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> P
 
 def prepare_corpus(bundle: Path, manifest: Manifest, out: Path, s: TrainSettings, layers: bool) -> Prepared:
     """``prepare`` from a corpus: its sequences with ``bundle``'s own features (cached per shard in ``out``)."""
-    from specdec_edge.export.corpus_data import corpus_data
-
     from specdec_edge.export.corpus import Corpus
+    from specdec_edge.export.corpus_data import corpus_data
 
     shards = s.corpus_shards or len(Corpus.read(s.corpus).shards)  # fixed now: the generator may be adding more
     data, apart = corpus_data(
