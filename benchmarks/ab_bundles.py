@@ -5,12 +5,12 @@ Usage:
   python benchmarks/ab_bundles.py --bundle default=BUNDLE_A --bundle head=BUNDLE_B --methods plain,auto \\
       --n-per-category 1 --prompts heldout.jsonl --json ab.json
 
-Prompts: the first turn of the first N per category of the packaged Spec-Bench copy, and every prompt of each
-``--prompts`` file (Spec-Bench style JSONL); each file is its own row group. Per prompt the (bundle, method) runs
-go in a rotated order. Prints per group, bundle and method: decode tok/s, its ratio to the same bundle's plain
-and to the first bundle's plain, tokens per target pass, outputs equal to that bundle's plain, and the median
-of the per-prompt decode-time ratios against the first bundle's same method (the pairwise figure to trust on a
-drifting machine).
+Prompts: the first ``--turns`` turns of the first N per category of the packaged Spec-Bench copy, and every
+prompt of each ``--prompts`` file (Spec-Bench style JSONL); each file is its own row group. Per prompt the
+(bundle, method) runs go in a rotated order. Prints per group, bundle and method: decode tok/s, its ratio to the
+same bundle's plain and to the first bundle's plain, tokens per target pass, outputs equal to that bundle's
+plain, and the median of the per-turn decode-time ratios against the first bundle's same method (the pairwise
+figure to trust on a drifting machine).
 """
 
 from __future__ import annotations
@@ -37,23 +37,33 @@ def prompt_groups(args) -> dict[str, list]:
     return groups
 
 
-def measure(pipes: dict, prompts: list, max_new: int) -> dict:
-    """{(bundle, method): {"tokens", "decode", "steps", "same", "per_prompt": [decode s / token]}}."""
+def run_turn(pipes: dict, messages: list, order: list, max_new: int, totals: dict) -> dict:
+    """One turn of every (bundle, method) in ``order``; {(bundle, method): result}."""
+    results = {}
+    for bundle, method in order:
+        result = pipes[bundle, method].generate(messages, max_new_tokens=max_new, reuse=False)
+        s, t = result.stats, totals[bundle, method]
+        t["tokens"] += s.new_tokens
+        t["decode"] += s.decode_s
+        t["steps"] += s.steps
+        t["per_prompt"].append(s.decode_s / max(s.new_tokens, 1))
+        results[bundle, method] = result
+    for bundle, method in order:
+        totals[bundle, method]["same"] += results[bundle, method].token_ids == results[bundle, "plain"].token_ids
+    return results
+
+
+def measure(pipes: dict, prompts: list, max_new: int, turns: int) -> dict:
+    """{(bundle, method): {"tokens", "decode", "steps", "same", "per_prompt": [decode s / token per turn]}}. A
+    second turn follows the first bundle's plain answer (every exact method's answer is the same)."""
     totals = defaultdict(lambda: {"tokens": 0, "decode": 0.0, "steps": 0, "same": 0, "per_prompt": []})
     names = list(pipes)
     for i, prompt in enumerate(prompts):
-        messages = [{"role": "user", "content": prompt.turns[0]}]
-        outputs = {}
-        for bundle, method in runs_in_order(names, i):
-            result = pipes[bundle, method].generate(messages, max_new_tokens=max_new, reuse=False)
-            s, t = result.stats, totals[bundle, method]
-            t["tokens"] += s.new_tokens
-            t["decode"] += s.decode_s
-            t["steps"] += s.steps
-            t["per_prompt"].append(s.decode_s / max(s.new_tokens, 1))
-            outputs[bundle, method] = result.token_ids
-        for bundle, method in names:
-            totals[bundle, method]["same"] += outputs[bundle, method] == outputs[bundle, "plain"]
+        messages = []
+        for turn in prompt.turns[:turns]:
+            messages.append({"role": "user", "content": turn})
+            results = run_turn(pipes, messages, runs_in_order(names, i), max_new, totals)
+            messages.append({"role": "assistant", "content": results[names[0][0], "plain"].text})
         print(f"  prompt {i + 1}/{len(prompts)} ({prompt.category})", flush=True)
     return totals
 
@@ -84,6 +94,7 @@ def main() -> None:
     ap.add_argument("--prompts", action="append", default=[], help="a Spec-Bench style JSONL file (repeatable)")
     ap.add_argument("--n-per-category", type=int, default=1, help="Spec-Bench prompts per category (0: none)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--turns", type=int, default=1, help="turns per prompt (Spec-Bench has 2)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -101,9 +112,10 @@ def main() -> None:
     report = {}
     for group, prompts in prompt_groups(args).items():
         print(f"{group}: {len(prompts)} prompts", flush=True)
-        totals = measure(pipes, prompts, args.max_new_tokens)
-        lines = table(totals, len(prompts))
-        print(f"\n{group}: {len(prompts)} prompts, first turns, {args.max_new_tokens} new tokens max, greedy\n")
+        totals = measure(pipes, prompts, args.max_new_tokens, args.turns)
+        turns = sum(min(len(p.turns), args.turns) for p in prompts)
+        lines = table(totals, turns)
+        print(f"\n{group}: {len(prompts)} prompts, {turns} turns, {args.max_new_tokens} new tokens max, greedy\n")
         print("\n".join(lines) + "\n")
         report[group] = {f"{b}/{m}": t for (b, m), t in totals.items()}
     if args.json:
