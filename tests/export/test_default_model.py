@@ -43,6 +43,8 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     m = read_manifest(manifest.parent)
     assert m.target.graph.dtype == "gguf" and m.default_method is None and m.target.graph.verdict.batch_invariant
     assert m.ngram_table == "ngram/table.npz"  # the shipped table, for auto
+    assert list(m.heads) == ["eagle"] and m.target.graph.has_hidden_states  # the head trained on gguf features
+    assert m.heads["eagle"].training["corpus_shards"] > 0
     stamp = manifest.stat().st_mtime_ns
     second = CliRunner().invoke(main, ["demo", "--max-new-tokens", "8", "--method", "pld", "--prompt", "Hi there"])
     assert second.exit_code == 0, second.output
