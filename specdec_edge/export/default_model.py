@@ -46,6 +46,14 @@ DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORM
 HEADS = {"gguf": "eagle-gguf", "fp32": "eagle", "fp16": "eagle"}  # dtype -> the shipped head folder it carries
 
 
+def _digest(*files: Path) -> str:
+    """8 hex digits of sha256 over ``files``' bytes: part of the cached bundle's name."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:8]
+
+
 def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True) -> Path:
     """The cached default bundle, exported on first use (needs the ``export`` extra).
 
@@ -54,8 +62,9 @@ def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True
     (no head was trained on their features). All run auto.
     """
     heads = (str(SHIPPED_HEADS / HEADS[dtype]),) if dtype in HEADS else ()
-    table = hashlib.sha256(SHIPPED_TABLE.read_bytes()).hexdigest()[:8]  # a new table: a new bundle
-    name = f"smollm2-135m-instruct-{dtype}{'-heads' if heads else ''}-v{__version__}.{EXPORT_FORMAT}-t{table}"
+    table = _digest(SHIPPED_TABLE)  # a new table or new head weights: a new bundle
+    head = "".join(f"-h{_digest(Path(h) / 'weights.safetensors', Path(h) / 'config.json')}" for h in heads)
+    name = f"smollm2-135m-instruct-{dtype}-v{__version__}.{EXPORT_FORMAT}-t{table}{head}"
     bundle = cache_dir() / "bundles" / name
     if (bundle / "manifest.json").is_file():
         return bundle

@@ -74,3 +74,27 @@ def test_the_shipped_table_is_built_from_the_committed_corpus():
     for n in built.orders:
         for a, b in zip(built.orders[n], shipped.orders[n]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_new_head_weights_name_a_new_default_bundle(tmp_path, monkeypatch):
+    """The cached default bundle is named by the shipped head's bytes (as by the table's): a package update
+    that retrains the head exports a new bundle instead of reusing the old one."""
+    import shutil
+
+    from specdec_edge.export import default_model
+
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+
+    def missing_path() -> str:
+        with pytest.raises(SpecdecError) as e:
+            default_bundle(export_if_missing=False)
+        return str(e.value).split("no default bundle at ")[1].split(";")[0]
+
+    shipped = missing_path()
+    heads = tmp_path / "heads"
+    shutil.copytree(default_model.SHIPPED_HEADS, heads)
+    monkeypatch.setattr(default_model, "SHIPPED_HEADS", heads)
+    assert missing_path() == shipped  # the same bytes: the same bundle
+    weights = heads / default_model.HEADS["gguf"] / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes() + b" ")
+    assert missing_path() != shipped and "-h" in missing_path()
