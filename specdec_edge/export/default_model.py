@@ -10,11 +10,11 @@ one carries the shipped n-gram table of the model's own answers (``data/ngram``,
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from pathlib import Path
 
 from specdec_edge import __version__
+from specdec_edge.bundle.hashes import sha256_file
 from specdec_edge.errors import SpecdecError
 from specdec_edge.user_cache import cache_dir
 
@@ -46,14 +46,6 @@ DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORM
 HEADS = {"gguf": "eagle-gguf", "fp32": "eagle", "fp16": "eagle"}  # dtype -> the shipped head folder it carries
 
 
-def _digest(*files: Path) -> str:
-    """8 hex digits of sha256 over ``files``' bytes: part of the cached bundle's name."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.read_bytes())
-    return h.hexdigest()[:8]
-
-
 def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True) -> Path:
     """The cached default bundle, exported on first use (needs the ``export`` extra).
 
@@ -62,8 +54,8 @@ def default_bundle(dtype: str = DEFAULT_DTYPE, *, export_if_missing: bool = True
     (no head was trained on their features). All run auto.
     """
     heads = (str(SHIPPED_HEADS / HEADS[dtype]),) if dtype in HEADS else ()
-    table = _digest(SHIPPED_TABLE)  # a new table or new head weights: a new bundle
-    head = "".join(f"-h{_digest(Path(h) / 'weights.safetensors', Path(h) / 'config.json')}" for h in heads)
+    table = sha256_file(SHIPPED_TABLE)[:8]  # a new table or new head weights: a new bundle
+    head = "".join(f"-h{sha256_file(Path(h) / 'weights.safetensors')[:8]}" for h in heads)
     name = f"smollm2-135m-instruct-{dtype}-v{__version__}.{EXPORT_FORMAT}-t{table}{head}"
     bundle = cache_dir() / "bundles" / name
     if (bundle / "manifest.json").is_file():
