@@ -1,7 +1,7 @@
 """Measuring and caching what a step costs on this device (the ``CostModel`` of ``speculative/costs.py``).
 
 * the target's pass at widths 1..32 (``WIDTHS``) at two context lengths (``CONTEXTS``, clamped to the
-  cache), the median of a few runs each, after a warm-up -- a couple of seconds;
+  cache), the least of a few interleaved runs each, after a warm-up -- a couple of seconds;
 * each candidate proposer's propose + commit time, over a short real decode of a synthetic prompt.
 
 The result is cached per bundle (the hash of its manifest, which lists every file's sha256), device (the identity
@@ -35,11 +35,11 @@ from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.user_cache import cache_dir
 
-COST_FORMAT = 2  # bumped when what is measured or keyed changes: older cache files are then ignored
-# (2: keyed by the device identity the verdicts use)
+COST_FORMAT = 3  # bumped when what is measured or keyed changes: older cache files are then ignored
+# (2: keyed by the device identity the verdicts use; 3: the least of interleaved rounds, not consecutive medians)
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 CONTEXTS = (64, 512)
-REPEATS = 3
+ROUNDS = 4  # interleaved rounds over the widths; each width keeps its least time
 
 
 @dataclass(frozen=True)
@@ -69,28 +69,31 @@ class CostKey:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20] + ".json"
 
 
-def measure_verify(engine: Engine, widths=WIDTHS, contexts=CONTEXTS, repeats: int = REPEATS, tick=None):
-    """Median seconds of ``engine``'s pass at each width after each context length: ([contexts], [[seconds]])."""
+def measure_verify(engine: Engine, widths=WIDTHS, contexts=CONTEXTS, rounds: int = ROUNDS, clock=time.perf_counter):
+    """Least seconds of ``engine``'s pass at each width after each context length: ([contexts], [[seconds]]).
+
+    The widths are timed in interleaved rounds (each round in another order) and each keeps its least time: another
+    process's load only adds time, and a burst of it lands on one width's run of one round instead of on every run of
+    a few neighbouring widths. A curve skewed that way would stay in the cache and steer ``auto`` off the widths
+    that pay (on 2 cores a burst during the old consecutive medians priced 3 rows at 1.34x 2 rows, not ~1.1x)."""
     vocab = engine.vocab_size
     widest = max(widths)
     usable = [c for c in contexts if c + widest <= engine.capacity] or [max(engine.capacity - widest, 1)]
     rng = np.random.default_rng(0)
+    ids = {width: rng.integers(0, vocab, size=width) for width in widths}
     seconds = []
     for context in usable:
         prefill(engine, rng.integers(0, vocab, size=context).tolist())
-        engine.run(rng.integers(0, vocab, size=widest))  # warm-up at the widest shape
-        row = []
-        for width in widths:
-            ids = rng.integers(0, vocab, size=width)
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                engine.run(ids)  # not committed: every run lands in the same slots
-                times.append(time.perf_counter() - t0)
-            row.append(float(np.median(times)))
-            if tick:
-                tick()
-        seconds.append(nondecreasing(row))
+        engine.run(ids[widest])  # warm-up at the widest shape
+        best = dict.fromkeys(widths, float("inf"))
+        for r in range(rounds):
+            order = list(widths) if r % 2 == 0 else list(reversed(widths))
+            shift = (r // 2) % len(order)
+            for width in order[shift:] + order[:shift]:
+                t0 = clock()
+                engine.run(ids[width])  # not committed: every run lands in the same slots
+                best[width] = min(best[width], clock() - t0)
+        seconds.append(nondecreasing([best[w] for w in widths]))
     engine.reset()
     return list(usable), seconds
 
