@@ -39,7 +39,8 @@ COST_FORMAT = 3  # bumped when what is measured or keyed changes: older cache fi
 # (2: keyed by the device identity the verdicts use; 3: the least of interleaved rounds, not consecutive medians)
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 CONTEXTS = (64, 512)
-ROUNDS = 4  # interleaved rounds over the widths; each width keeps its least time
+ROUNDS = (3, 8)  # interleaved rounds over the widths, least and most; each width keeps its least time
+SETTLED = 0.02  # after the least rounds, measuring stops at a round that lowered no width's time by more than this
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,17 @@ class CostKey:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20] + ".json"
 
 
-def measure_verify(engine: Engine, widths=WIDTHS, contexts=CONTEXTS, rounds: int = ROUNDS, clock=time.perf_counter):
+def measure_verify(
+    engine: Engine, widths=WIDTHS, contexts=CONTEXTS, rounds: tuple[int, int] = ROUNDS, clock=time.perf_counter
+):
     """Least seconds of ``engine``'s pass at each width after each context length: ([contexts], [[seconds]]).
 
     The widths are timed in interleaved rounds (each round in another order) and each keeps its least time: another
     process's load only adds time, and a burst of it lands on one width's run of one round instead of on every run of
-    a few neighbouring widths. A curve skewed that way would stay in the cache and steer ``auto`` off the widths
-    that pay (on 2 cores a burst during the old consecutive medians priced 3 rows at 1.34x 2 rows, not ~1.1x)."""
+    a few neighbouring widths. ``rounds`` = (least, most): after the least, rounds go on while the last one still
+    lowered some width's time by more than ``SETTLED``; a noisy machine gets more of them. A curve bent by load would
+    stay in the cache and steer ``auto`` off the widths that pay (on 2 cores, consecutive medians taken during a
+    burst priced 3 rows at 1.34x 2 rows, not ~1.1x)."""
     vocab = engine.vocab_size
     widest = max(widths)
     usable = [c for c in contexts if c + widest <= engine.capacity] or [max(engine.capacity - widest, 1)]
@@ -86,13 +91,19 @@ def measure_verify(engine: Engine, widths=WIDTHS, contexts=CONTEXTS, rounds: int
         prefill(engine, rng.integers(0, vocab, size=context).tolist())
         engine.run(ids[widest])  # warm-up at the widest shape
         best = dict.fromkeys(widths, float("inf"))
-        for r in range(rounds):
+        for r in range(rounds[1]):
             order = list(widths) if r % 2 == 0 else list(reversed(widths))
             shift = (r // 2) % len(order)
+            lowered = False
             for width in order[shift:] + order[:shift]:
+                engine.run(ids[width])  # untimed: a pass right after another shape pays for the change
                 t0 = clock()
                 engine.run(ids[width])  # not committed: every run lands in the same slots
-                best[width] = min(best[width], clock() - t0)
+                spent = clock() - t0
+                lowered |= spent < best[width] * (1 - SETTLED)
+                best[width] = min(best[width], spent)
+            if r + 1 >= rounds[0] and not lowered:
+                break
         seconds.append(nondecreasing([best[w] for w in widths]))
     engine.reset()
     return list(usable), seconds
