@@ -11,6 +11,11 @@ prompt of each ``--prompts`` file (Spec-Bench style JSONL); each file is its own
 same bundle's plain and to the first bundle's plain, tokens per target pass, outputs equal to that bundle's
 plain, and the median of the per-turn decode-time ratios against the first bundle's same method (the pairwise
 figure to trust on a drifting machine).
+
+Step costs: ``auto`` steers by a curve of pass cost over width, measured once per bundle and cached. Bundles whose
+target graph is the same file (a head or table A/B) all get the first such bundle's curve, so that the comparison
+is of what differs, not of two measurements taken at different loads (a curve measured during a burst of load
+once priced 3 rows at 1.34x 2 rows and made a better head look 0.87x). ``--own-costs`` keeps each bundle's own.
 """
 
 from __future__ import annotations
@@ -22,12 +27,36 @@ from collections import defaultdict
 
 from specdec_edge import Pipeline
 from specdec_edge.bench.spec_bench import load_prompts
+from specdec_edge.bundle.manifest import read_manifest
 
 
 def runs_in_order(names: list[tuple[str, str]], i: int) -> list[tuple[str, str]]:
     """The (bundle, method) pairs rotated by the prompt's index, so that no pair always runs first."""
     shift = i % len(names)
     return names[shift:] + names[:shift]
+
+
+def target_digest(path: str) -> tuple:
+    """The sha256 of the bundle's target graph files: equal for bundles that differ only in heads or tables."""
+    files = read_manifest(path, check_files=False).files
+    return tuple(sorted((name, entry["sha256"]) for name, entry in files.items() if name.startswith("target/")))
+
+
+def share_costs(pipes: dict, paths: dict) -> list[str]:
+    """Every bundle's ``auto`` gets the step costs of the first bundle with the same target graph; the names of
+    the bundles that took another's curve."""
+    first, shared = {}, []
+    for (name, method), pipe in pipes.items():
+        proposer = getattr(pipe.decoder, "proposer", None)
+        if method != "auto" or not hasattr(proposer, "costs"):
+            continue
+        digest = target_digest(paths[name])
+        if digest in first:
+            proposer.costs = first[digest]
+            shared.append(name)
+        else:
+            first[digest] = proposer.costs
+    return shared
 
 
 def prompt_groups(args) -> dict[str, list]:
@@ -97,18 +126,23 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=1, help="turns per prompt (Spec-Bench has 2)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--own-costs", action="store_true", help="each bundle's auto keeps its own step costs")
     args = ap.parse_args()
     methods = ["plain"] + [m for m in args.methods.split(",") if m and m != "plain"]
-    pipes = {}
+    pipes, paths = {}, {}
     for spec in args.bundle:
         name, sep, path = spec.partition("=")
         if not sep:
             ap.error(f"--bundle {spec!r}: give NAME=PATH")
+        paths[name] = path
         base = Pipeline.load(path, method="plain", threads=args.threads, history=False)
         for method in methods:
             pipes[name, method] = base if method == "plain" else base.with_method(method)
     for pipe in pipes.values():  # warm-up: loads, step costs for auto
         pipe.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=8)
+    if not args.own_costs:
+        for name in share_costs(pipes, paths):
+            print(f"{name}: auto uses the step costs of the first bundle with the same target graph", flush=True)
     report = {}
     for group, prompts in prompt_groups(args).items():
         print(f"{group}: {len(prompts)} prompts", flush=True)
