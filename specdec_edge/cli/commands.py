@@ -202,7 +202,8 @@ def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
     type=click.Path(exists=True, file_okay=False),
     default=None,
     help="Start from these heads (an earlier run's OUT/METHOD: its weights and draft vocabulary) instead of "
-    "random weights, so that training on a grown corpus continues the last run. eagle and medusa.",
+    "random weights, so that training on a grown corpus continues the last run (eagle, eagle3, medusa; an "
+    "eagle3 head needs a target exported with the layers it reads).",
 )
 @click.option(
     "--eval-bundle",

@@ -200,6 +200,12 @@ class Eagle3Head(nn.Module):
             self.fc.weight.div_(self.feature_scale)
             self.feature_scale.fill_(1.0)
 
+    def unfold_feature_scale(self) -> None:
+        """The inverse of ``fold_feature_scale`` for this run's ``feature_scale``: weights saved folded (they read
+        raw features) made to read the scaled ones, computing the same function (``train-draft --init``)."""
+        with torch.no_grad():
+            self.fc.weight.mul_(self.feature_scale)
+
     def layer_input(self, hidden, input_ids):
         """[..., 2H]: the normed embedding of ``input_ids`` [...] beside the normed feature ``hidden`` [..., H]."""
         eps = self.cfg.rms_eps

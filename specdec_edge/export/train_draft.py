@@ -170,8 +170,11 @@ def initial_weights(folder: str | Path, method: str, prep: Prepared) -> dict[str
     graph = prep.manifest.target.graph
     if cfg.method != method:
         raise ExportError(f"--init {folder} holds {cfg.method} heads, not {method}; pass a {method} heads folder.")
-    if method == "eagle3":  # its saved fc has the training-time feature scale folded in: not a training state
-        raise ExportError("--init continues eagle or medusa heads; train EAGLE-3 heads from the start.")
+    if method == "eagle3" and list(cfg.feature_layers) != list(graph.feature_layers):
+        raise ExportError(
+            f"--init {folder} reads target layers {list(cfg.feature_layers)}, the target bundle outputs "
+            f"{list(graph.feature_layers)}; export the target with these heads (`export --heads {folder}`)."
+        )
     if (cfg.hidden_size, cfg.vocab_size) != (graph.hidden_size, graph.vocab_size):
         raise ExportError(
             f"--init {folder} was trained for hidden {cfg.hidden_size} x vocab {cfg.vocab_size}, the target has "
@@ -422,6 +425,8 @@ def train_draft(method: str, target: str, out: str | Path, settings: TrainSettin
     head = build_head(recipe, prep, s.medusa_heads, s.seed)
     if init is not None:
         load_initial(head, init, s.init)
+        if isinstance(head, Eagle3Head):
+            head.unfold_feature_scale()  # a saved EAGLE-3 fc reads raw features; this run's divides them first
     t = Training.start(head, batches(prep.data, s.batch_tokens, s.epochs, s.seed), s.lr)
     ends = tuple(np.cumsum([len(batches(prep.data, s.batch_tokens, 1, s.seed + e)) for e in range(s.epochs)]).tolist())
     folder = out / method

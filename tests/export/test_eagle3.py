@@ -11,6 +11,7 @@ reading it back gives the same tensors and the same head.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -302,3 +303,35 @@ def test_checkpoint_round_trips_in_the_reference_layout(tmp_path, trained, train
     assert accepted > 0
     res = CliRunner().invoke(main, ["export-drafter", str(trained / "eagle"), "--out", str(tmp_path / "no")])
     assert res.exit_code == 2 and "train-draft --method eagle3" in res.output
+
+
+def test_eagle3_training_continues_an_earlier_head(trained, trained_eagle3, prompts_file, tmp_path):
+    """--init continues an EAGLE-3 head: its saved fc reads raw features (the training-time scale folded in), so the
+    new run unfolds it with its own scale first; with lr 0 the head comes out as it went in, with a learning rate
+    it moves, and a head that reads other target layers is refused by name."""
+    from safetensors.numpy import load_file
+
+    from specdec_edge.errors import ExportError
+    from specdec_edge.export.train_draft import train_draft
+    from tests.tiny_models import TRAIN
+
+    target = str(trained / "target-bundle")
+    settings = dict(TRAIN, prompts=prompts_file, epochs=1, progress=False)
+    same = train_draft("eagle3", target, tmp_path / "a", **dict(settings, lr=0.0), init=trained_eagle3)
+    before, after = load_file(str(trained_eagle3 / "weights.safetensors")), load_file(str(same / "weights.safetensors"))
+    assert set(before) == set(after)
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+    assert json.loads((same / "config.json").read_text())["training"]["init"]["folder"] == trained_eagle3.name
+    moved = load_file(
+        str(train_draft("eagle3", target, tmp_path / "b", **settings, init=trained_eagle3) / "weights.safetensors")
+    )
+    assert any(not np.array_equal(before[k], moved[k]) for k in before if k != "vocab_ids")
+
+    other = tmp_path / "other-layers"
+    shutil.copytree(trained_eagle3, other)
+    config = json.loads((other / "config.json").read_text())
+    config["feature_layers"] = [layer + 1 for layer in config["feature_layers"]]
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="reads target layers"):
+        train_draft("eagle3", target, tmp_path / "c", **settings, init=other)
