@@ -267,6 +267,13 @@ def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--medusa-heads", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option(
+    "--ttt-steps",
+    type=click.IntRange(1, 16),
+    default=None,
+    help="EAGLE/EAGLE-3: draft steps unrolled in training, each reading the head's own previous prediction as "
+    "drafting does (training-time test; each costs about one more pass). Default: eagle 1, eagle3 4.",
+)
+@click.option(
     "--save-every", type=click.IntRange(min=1), default=20, show_default=True, help="Checkpoint interval (steps)."
 )
 @click.option(

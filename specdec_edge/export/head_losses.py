@@ -5,7 +5,9 @@ of prompt + answer, from ``draft_data.generate_data``) and ``batch_tokens``: a s
 than that keeps its end, where the answer is.
 
 * EAGLE: smooth-L1 regression of the next feature plus 0.1 x cross-entropy of the LM head on
-  the predicted feature against the target's distribution.
+  the predicted feature against the target's distribution. With ``ttt_steps`` > 1 (``train-draft --ttt-steps``)
+  the answer's slots also run the deeper draft steps on the head's own predictions, as EAGLE-3 does (HASS's
+  idea for EAGLE-2): the features depth 2+ drafting actually reads, not only the target's.
 * EAGLE-3: training-time test. The head runs ``ttt_steps`` steps: step 0 reads the fused target
   features of token i, step s its own step s-1 output, each beside the true token x[i+1+s], and is
   scored by cross-entropy against the target's distribution of the token after that one,
@@ -27,7 +29,10 @@ IGNORE = -100  # label of a token outside the draft vocabulary (cross_entropy's 
 
 
 def eagle_loss(head: EagleHead, seqs: list[dict], batch_tokens: int):
-    """Packed sequences, block-causal: (loss, draft top-1 agreement with the target)."""
+    """Packed sequences, block-causal: (loss, draft top-1 agreement with the target). With ``cfg.ttt_steps`` > 1
+    the head also runs that many draft steps on its own predictions (``eagle_unrolled_loss``)."""
+    if head.cfg.ttt_steps > 1:
+        return eagle_unrolled_loss(head, seqs, batch_tokens)
     feats, ids, pos, blocks = [], [], [], []
     for d in seqs:
         f = torch.as_tensor(d["features"][-batch_tokens:]).float()  # [T, H]
@@ -52,6 +57,75 @@ def eagle_loss(head: EagleHead, seqs: list[dict], batch_tokens: int):
     classification = -(p * logp).sum(-1).mean()
     agree = (logp.argmax(-1) == p.argmax(-1)).float().mean().item()
     return regression + 0.1 * classification, agree
+
+
+def _eagle_step_loss(pred, f_next, head):
+    """EAGLE's loss of predicted features ``pred`` [R, H] against the target's ``f_next`` [R, H]: smooth-L1 plus
+    0.1 x cross-entropy of the LM head's distributions; and the top-1 agreement."""
+    logp = head.target.logits(pred).log_softmax(-1)  # [R, V']
+    with torch.no_grad():
+        p = head.target.logits(f_next).softmax(-1)
+    regression = torch.nn.functional.smooth_l1_loss(pred, f_next)
+    agree = (logp.argmax(-1) == p.argmax(-1)).float().mean().item()
+    return regression + 0.1 * -(p * logp).sum(-1).mean(), agree
+
+
+def eagle_unrolled_loss(head: EagleHead, seqs: list[dict], batch_tokens: int):
+    """EAGLE with a training-time test (as HASS does for EAGLE-2, and as EAGLE-3's loss does): ``eagle_unroll``'s
+    steps, step s weighted 0.8^s. (loss, step 0's top-1 agreement)."""
+    loss, agree = 0.0, 0.0
+    for s, (pred, f_label, valid) in enumerate(eagle_unroll(head, seqs, batch_tokens)):
+        if valid.any():
+            step_loss, step_agree = _eagle_step_loss(pred[valid], f_label[valid], head)
+            loss = loss + 0.8**s * step_loss
+            agree = step_agree if s == 0 else agree
+    return loss, agree
+
+
+def eagle_unroll(head: EagleHead, seqs: list[dict], batch_tokens: int):
+    """Yield per draft step s: the head's predicted features [R_s, H], the target's features they are scored
+    against [R_s, H], and which rows lie inside their sequence [R_s].
+
+    Step 0 is ``eagle_loss``'s teacher-forced pass over every slot (slot i reads f[i] and x[i+1], predicts f[i+1]).
+    Step s (1 .. ttt_steps-1) runs the answer's slots again on the head's own step s-1 prediction, as drafting at
+    depth s+1 does: at slot i it reads (its prediction of f[i+s], x[i+1+s]) at position i+s and predicts f[i+1+s].
+    It attends to step 0's keys of its sequence up to slot i (the committed context, true features) and to its own
+    earlier steps at slot i (its draft ancestors): the run-time head cache and tree mask."""
+    cfg, steps = head.cfg, max(head.cfg.ttt_steps, 1)
+    f_in, f_next, x_in, pos, seq, q_row, q_ahead, q_valid = [], [], [], [], [], [], [], []
+    keys = 0
+    for b, d in enumerate(seqs):
+        f = torch.as_tensor(d["features"][-batch_tokens:]).float()  # [T, H]
+        x = torch.as_tensor(d["ids"][-batch_tokens:])  # [T]
+        T = len(x)
+        start = min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)  # the answer's first token
+        f_in.append(f[:-1])
+        f_next.append(f[1:])  # row of slot i: f[i+1]
+        x_in.append(x[1:])  # row of slot i: x[i+1]
+        pos.append(torch.arange(T - 1))
+        seq.append(torch.full((T - 1,), b))
+        slots = torch.arange(start - 1, T - 1)  # the answer's query slots
+        ahead = slots[None] + torch.arange(steps)[:, None]  # [steps, m]: step s at slot i reads row i + s
+        q_row.append(keys + slots)
+        q_ahead.append(keys + ahead.clamp(max=T - 2))
+        q_valid.append(ahead <= T - 2)  # x[i+1+s] and f[i+1+s] inside the sequence
+        keys += T - 1
+    f_in, f_next, x_in, pos, seq = map(torch.cat, (f_in, f_next, x_in, pos, seq))
+    q_row, q_ahead, q_valid = torch.cat(q_row), torch.cat(q_ahead, 1), torch.cat(q_valid, 1)
+    N, M = len(x_in), len(q_row)
+    seen = (seq[None] == seq[:, None]) & (pos[None] <= pos[:, None])  # [N, N] block-causal
+    bias = torch.zeros(N, N).masked_fill(~seen, float("-inf"))
+    empty = torch.zeros(1, 0, cfg.num_kv_heads, cfg.head_dim)
+    pred, past_k, past_v = head(f_in[None], x_in[None], pos[None], empty, empty, bias[None, None])
+    yield pred[0], f_next, torch.ones(N, dtype=torch.bool)
+    own = torch.full((M, M), float("-inf")).fill_diagonal_(0.0)  # a step's row sees its own slot's earlier steps
+    bias, hidden = bias[q_row], pred[0][q_row]
+    for s in range(1, steps):
+        bias = torch.cat([bias, own], 1)  # [M, N + s*M]: the context, then steps 1..s at the same slot
+        ids, positions = x_in[q_ahead[s]][None], (pos[q_row] + s)[None]
+        out, k, v = head(hidden[None], ids, positions, past_k, past_v, bias[None, None])
+        yield out[0], f_next[q_ahead[s]], q_valid[s]
+        past_k, past_v, hidden = torch.cat([past_k, k], 1), torch.cat([past_v, v], 1), out[0]
 
 
 def eagle3_loss(head: Eagle3Head, seqs: list[dict], batch_tokens: int):

@@ -58,6 +58,7 @@ class TrainSettings:
     save_every: int = 20  # steps between checkpoints
     max_minutes: float = 0.0  # of training (0: no limit); a rerun continues
     medusa_heads: int = 4
+    ttt_steps: int | None = None  # draft steps unrolled in training (None: the recipe's: eagle 1, eagle3 4)
     capacity: int | None = None  # the target bundle's KV cache (None: the exporter's default)
     threads: int | None = 2
     seed: int = 0
@@ -143,8 +144,9 @@ def prepare_corpus(bundle: Path, manifest: Manifest, out: Path, s: TrainSettings
     return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, final_norm, held_out=apart, corpus_shards=shards)
 
 
-def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int) -> nn.Module:
-    """The recipe's head sized for the target, initialised from ``seed``."""
+def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int, ttt_steps=None) -> nn.Module:
+    """The recipe's head sized for the target, initialised from ``seed``; ``ttt_steps`` (EAGLE, EAGLE-3): draft
+    steps unrolled in training instead of the recipe's."""
     graph = prep.manifest.target.graph
     cfg = recipe.config(
         graph.hidden_size,
@@ -155,6 +157,10 @@ def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int)
         medusa_heads,
         graph.feature_layers,
     )
+    if ttt_steps is not None:
+        if recipe.name not in ("eagle", "eagle3"):
+            raise ExportError(f"--ttt-steps trains EAGLE and EAGLE-3 heads, not {recipe.name}.")
+        cfg.ttt_steps = ttt_steps
     torch.manual_seed(seed)
     scale = feature_scale(prep.data) if recipe.reads_layers else None
     target = FrozenTarget(prep.embed, prep.lm_head, prep.vocab_ids, final_norm=prep.final_norm, feature_scale=scale)
@@ -422,7 +428,7 @@ def train_draft(method: str, target: str, out: str | Path, settings: TrainSettin
     started, cpu_started = time.perf_counter(), time.process_time()
     prep = prepare(target, out, s, layers=recipe.reads_layers)
     init = initial_weights(s.init, method, prep) if s.init else None
-    head = build_head(recipe, prep, s.medusa_heads, s.seed)
+    head = build_head(recipe, prep, s.medusa_heads, s.seed, s.ttt_steps)
     if init is not None:
         load_initial(head, init, s.init)
         if isinstance(head, Eagle3Head):
