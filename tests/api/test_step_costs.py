@@ -87,3 +87,15 @@ def test_a_steady_machine_stops_after_the_least_rounds_and_a_noisy_one_goes_on(e
     _, seconds = measure_verify(engine, widths=widths, contexts=(16,), rounds=(3, 8), clock=easing)
     assert easing.calls >= 2 * 8 * len(widths)  # every round still lowered the times: all 8 were run
     assert all(s < LoadedClock.cost(w) + 1e-3 * 0.7**6 for s, w in zip(seconds[0], widths))
+
+
+def test_a_context_measured_under_load_is_capped_by_the_longer_one(engine):
+    """Load through the whole of the short context's rounds: its curve cannot be trusted, but a pass after fewer
+    cached tokens never costs more than after more, so the longer context's clean curve caps it."""
+    widths = WIDTHS[:5]
+    first_block = 2 + 2 * 4 * len(widths)  # prefill, warm-up, then 4 rounds of (untimed, timed) runs
+    clock = LoadedClock(engine, range(0, first_block), extra=4e-3)
+    contexts, seconds = measure_verify(engine, widths=widths, contexts=(48, 16), rounds=(4, 8), clock=clock)
+    assert contexts == [16, 48]
+    true = [LoadedClock.cost(w) for w in widths]
+    assert seconds[1] == pytest.approx(true, rel=1e-9) and seconds[0] == pytest.approx(true, rel=1e-9)
