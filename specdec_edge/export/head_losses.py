@@ -49,14 +49,7 @@ def eagle_loss(head: EagleHead, seqs: list[dict], batch_tokens: int):
     cfg = head.cfg
     empty = torch.zeros(1, 0, cfg.num_kv_heads, cfg.head_dim)
     pred, _, _ = head(f_in[None], x_in[None], torch.cat(pos)[None], empty, empty, bias)
-    pred = pred[0]  # [N, H]
-    logp = head.target.logits(pred).log_softmax(-1)  # [N, V']
-    with torch.no_grad():
-        p = head.target.logits(f_next).softmax(-1)
-    regression = torch.nn.functional.smooth_l1_loss(pred, f_next)
-    classification = -(p * logp).sum(-1).mean()
-    agree = (logp.argmax(-1) == p.argmax(-1)).float().mean().item()
-    return regression + 0.1 * classification, agree
+    return _eagle_step_loss(pred[0], f_next, head)
 
 
 def _eagle_step_loss(pred, f_next, head):
