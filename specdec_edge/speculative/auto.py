@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdec_edge.speculative.costs import CostModel
-from specdec_edge.speculative.predictors import Predictor, prefix_order
+from specdec_edge.speculative.predictors import Predictor, chain_parents, prefix_order
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 
 PROBE_EVERY = 32  # steps: a proposer not verified for this long is verified once (doubling while probes fail)
@@ -136,8 +136,10 @@ class AutoProposer(Proposer):
             return
         if option.candidate is not None:
             accepted = accepted_nodes(option.proposal, emitted)
+            parents = chain_parents(option.proposal)
+            reached = (parents < 0) | accepted[np.maximum(parents, 0)]  # the node's parent was accepted
             for c, keys, nodes in option.parts:
-                c.predictor.update(keys, accepted[nodes])
+                c.predictor.update(keys, accepted[nodes], reached[nodes])
             if option.probe:
                 c = option.candidate
                 c.probe_every = PROBE_EVERY if accepted.any() else min(2 * c.probe_every, PROBE_MAX)

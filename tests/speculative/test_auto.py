@@ -27,7 +27,7 @@ from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate,
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.methods import Resources, auto_candidates
-from specdec_edge.speculative.predictors import NodeRates, prefix_order
+from specdec_edge.speculative.predictors import Calibrated, NodeRates, prefix_order
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer, subset
 from specdec_edge.speculative.stats import Stats
 from tests.speculative.test_acceptance import CHI2_CRIT_DF7_P001
@@ -49,7 +49,8 @@ class Scripted(Proposer):
 
 
 def fixed_rates(rate: float) -> NodeRates:
-    """An acceptance model that believes every node is accepted with ``rate`` (a prior no count can move)."""
+    """An acceptance model that believes every node is accepted with ``rate`` once its parent is (a prior no count
+    can move)."""
     return NodeRates(key=lambda p, proposer, i: i, prior=lambda p, proposer, i: rate, strength=1e12)
 
 
@@ -76,7 +77,7 @@ def test_whole_tree_when_width_is_free():
 def test_a_prefix_when_width_costs_something():
     # Each extra row costs a tenth of a pass; node i is accepted with 0.9 ** (i + 1): the first nodes pay.
     proposal = Proposal(np.arange(5, 17, dtype=np.int64), source="chain")
-    model = NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.9 ** (i + 1), strength=1e12)
+    model = NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.9, strength=1e12)
     auto = AutoProposer([Candidate("chain", Scripted(proposal), model)], scripted_costs(0.001))
     chosen = auto.propose([1, 2, 3], 12)
     assert 1 <= len(chosen.tokens) < 12
@@ -157,6 +158,65 @@ def test_prefix_order_and_subset_keep_a_tree():
     sub = subset(p, order[:6])
     assert all(parent < i for i, parent in enumerate(sub.parents))
     assert sorted(sub.tokens.tolist()) == sorted(p.tokens[order[:6]].tolist())
+
+
+def test_a_node_never_verified_is_priced_from_what_its_parents_learned():
+    model = NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.35)
+    chain = Proposal(np.arange(5, 9, dtype=np.int64))
+    before = model.rates(chain, None)[0]
+    np.testing.assert_allclose(before, 0.35 ** np.arange(1, 5))  # the prior, per step along the chain
+    for _ in range(10):  # only the first node verified, accepted every time
+        model.update([0], np.array([True]), np.array([True]))
+    rates = model.rates(chain, None)[0]
+    assert rates[0] == pytest.approx(10.7 / 12)
+    np.testing.assert_allclose(rates[1:] / rates[:-1], 0.35)  # deeper nodes follow their parent up
+    # A node whose parent was rejected teaches nothing about it; one whose parent was accepted does.
+    model.update([0, 1], np.array([False, False]), np.array([True, False]))
+    assert 1 not in model.table
+    model.update([0, 1], np.array([True, False]), np.array([True, True]))
+    assert model.table[1] == [0.0, 1.0]
+    # In a tree a node is priced along its own path: node 2 under node 0, node 1 a child of the pending token.
+    branching = Proposal(np.array([5, 6, 7]), parents=np.array([-1, -1, 0]))
+    rates = model.rates(branching, None)[0]
+    assert rates[1] == pytest.approx(0.7 / 3)  # key 1: 0 of 1 with a prior of 0.35 worth 2
+    assert rates[2] == pytest.approx(rates[0] * 0.35)  # key 2 unseen: its prior, times its parent's rate
+
+
+def test_calibration_learns_one_ratio_across_bins():
+    model = Calibrated()
+    sure = Proposal(np.array([5, 6]), confidence=np.array([0.97, 0.9]))
+    assert model.rates(sure, None)[0][0] == pytest.approx(0.97)
+    for _ in range(8):  # nodes claimed at 0.97 and 0.9, never accepted
+        keys = model.rates(sure, None)[1]
+        model.update(keys, np.array([False, False]), np.array([True, False]))
+    # A bin it never saw (0.6) is believed far less than it claims: the overall ratio moved.
+    fresh = Proposal(np.array([5]), confidence=np.array([0.6]))
+    assert model.rates(fresh, None)[0][0] < 0.1
+    assert 0 < model.ratio < 0.15
+
+
+def test_auto_verifies_deeper_where_the_first_tokens_keep_being_accepted():
+    # A prompt-lookup-like chain whose every token the target accepts, a prior of 0.35 per step and rows at 10 % of
+    # a pass: at first one or two tokens are worth verifying, then the learned rates carry the width up (a model of
+    # unconditional rates left every unverified node at 0.35 ** depth and kept the width at 2).
+    truth = list(range(100, 300))
+    model = NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.35)
+
+    class Copy(Proposer):
+        def propose(self, context, k):
+            n = len(context)
+            return Proposal(np.array(truth[n : n + k], dtype=np.int64), source="copy")
+
+    auto = AutoProposer([Candidate("copy", Copy(), model)], scripted_costs(0.001))
+    context, widths = [1, 2, 3], []
+    while len(context) < 120:
+        proposal = auto.propose(context, 6)
+        widths.append(len(proposal.tokens))
+        time.sleep(auto.costs.verify(len(proposal.tokens) + 1, len(context)))  # the pass, as the cost model says
+        auto.observe(proposal, np.zeros((len(proposal.tokens) + 1, 4), np.float32))
+        context = context + truth[len(context) : len(context) + len(proposal.tokens) + 1]
+        auto.commit(context)
+    assert widths[0] <= 2 and max(widths) >= 4, widths
 
 
 def test_accepted_nodes_follow_the_emitted_tokens():
