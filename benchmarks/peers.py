@@ -103,12 +103,12 @@ class Ours:
     """specdec-edge: plain and a speculative method on one bundle, same engines and process-wide thread pool
     (plain at its fastest: the other sessions share the pool and sit idle)."""
 
-    def __init__(self, bundle: Path, threads: int, k: int, method: str | None = None):
+    def __init__(self, bundle: Path, threads: int, k: int | None, method: str | None = None):
         self.plain = Pipeline.load(bundle, method="plain", threads=threads, history=False)  # each prompt runs twice
         manifest = read_manifest(bundle)
         method = method or default_method(manifest.default_method)
         self.spec = self.plain.with_method(method, k=k)
-        self.name, self.spec_name = f"specdec-edge {manifest.target.graph.dtype}", f"{method} k={k}"
+        self.name, self.spec_name = f"specdec-edge {manifest.target.graph.dtype}", f"{method} k={self.spec.k}"
 
     def run(self, messages: list[dict], speculative: bool, max_new_tokens: int) -> tuple[list[int], int, float, float]:
         start = time.perf_counter()
@@ -542,7 +542,7 @@ def main() -> None:
     ap.add_argument("--n-per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--k", type=int, default=4, help="our prompt lookup speculation length")
+    ap.add_argument("--k", type=int, default=None, help="our speculation length (default: the method's own, 6 for auto)")
     ap.add_argument("--draft-tokens", type=int, default=10, help="peers' prompt lookup / n-gram draft length")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the table shows medians")
     ap.add_argument("--skip", default="", help=f"peers left out, comma-separated: {','.join(PEERS)}")
