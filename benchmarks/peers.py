@@ -542,7 +542,7 @@ def main() -> None:
     ap.add_argument("--n-per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--k", type=int, default=None, help="our speculation length (default: the method's own, 6 for auto)")
+    ap.add_argument("--k", type=int, default=None, help="our speculation length (default: the method's, 6 for auto)")
     ap.add_argument("--draft-tokens", type=int, default=10, help="peers' prompt lookup / n-gram draft length")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the table shows medians")
     ap.add_argument("--skip", default="", help=f"peers left out, comma-separated: {','.join(PEERS)}")
