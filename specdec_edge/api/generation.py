@@ -219,6 +219,7 @@ class Generation:
             self._run_stats = Stats()
         if run.engines is not None:
             run.engines.claim(self.owner, self.reuse)  # nothing of another owner's context is reused, restored or timed
+        run.proposer.claim(self.owner)  # nor what a proposer learned from another owner's calls
         call = replace(self.call, max_new_tokens=self.left)  # what is left of it
         self._steps = decode(
             run.engine, run.proposer, self.context, call, rng=self.rng, stats=self._run_stats, contexts=run.engines

@@ -26,6 +26,7 @@ runs plain steps for a while (longer after each relapse) and then tries again.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ GUARD_WINDOW = 32  # steps of measured throughput the guard compares with plain 
 PLAIN_BACKOFF = (16, 512)  # plain steps after the guard trips: first, and the most after repeated trips
 EMA = 0.2  # weight of a new measurement in running means
 CHEAP = 0.05  # a proposer costing less than this share of a 1-row pass is always asked
+# What auto learns from the calls it runs, kept per owner (``AutoProposer.claim``): per candidate, and its own.
+LEARNED_PER_CANDIDATE = ("predictor", "cost_s", "gain", "width", "asked", "chosen", "probe_every")
+LEARNED = ("slowdown", "overhead", "step", "window", "plain_until", "backoff")
 
 
 @dataclass
@@ -93,6 +97,9 @@ class AutoProposer(Proposer):
         self._chosen: _Option | None = None
         self._returned: Proposal | None = None
         self._times = (0.0, 0.0, 0.0)  # step start, end of propose, proposers' seconds
+        self.owner = None  # whose calls taught what it holds (``claim``)
+        self._fresh = copy.deepcopy(self._learned())  # what a new owner starts from: the priors
+        self._owners: dict = {}  # what other owners' calls taught, set aside
 
     # ---- the Proposer protocol
 
@@ -105,6 +112,29 @@ class AutoProposer(Proposer):
         # Sampling with a seed: the seed must pin the text, so no choice may depend on a measured time or on
         # what earlier generations taught the models. A fixed rule instead: the first candidate that proposes.
         self.fixed = not params.greedy and params.seed is not None
+
+    def claim(self, owner) -> None:
+        """Learn per owner: the acceptance models, proposer timings and the guard's window one owner's calls built
+        are set aside, and ``owner``'s own (or the priors) come back, so that no owner's text changes how fast
+        another's calls run (the server's owners are its API keys; docs/SERVING.md)."""
+        for c in self.candidates:
+            c.proposer.claim(owner)
+        if owner == self.owner:
+            return
+        self._owners[self.owner] = self._learned()
+        self.owner = owner
+        candidates, own = self._owners.pop(owner, None) or copy.deepcopy(self._fresh)
+        for c, learned in zip(self.candidates, candidates):
+            for name, value in learned.items():
+                setattr(c, name, value)
+        for name, value in own.items():
+            setattr(self, name, value)
+
+    def _learned(self) -> tuple[list[dict], dict]:
+        return (
+            [{name: getattr(c, name) for name in LEARNED_PER_CANDIDATE} for c in self.candidates],
+            {name: getattr(self, name) for name in LEARNED},
+        )
 
     def propose(self, context, k) -> Proposal:
         start = time.perf_counter()

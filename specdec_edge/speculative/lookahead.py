@@ -45,6 +45,12 @@ class LookaheadProposer(Proposer):
         self._window_nodes: np.ndarray | None = None  # proposal node index of each window token
         self._last: Proposal | None = None
         self.pool_nodes = 0
+        self.owner = None  # whose calls built the pool (``claim``)
+
+    def claim(self, owner) -> None:
+        """Another owner's calls: the pool of n-grams (the last owner's prompts and answers) is forgotten."""
+        if owner != self.owner:
+            self.pool, self.remembered, self.owner = {}, [], owner
 
     def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
         prompt = np.asarray(prompt, dtype=np.int64)

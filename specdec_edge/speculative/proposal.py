@@ -17,7 +17,7 @@ accepts.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -117,3 +117,9 @@ class Proposer(ABC):
     def commit(self, context: Sequence[int]) -> None:
         """The context after acceptance (it grew by the accepted tokens and the target's own): drop
         what was rejected."""
+
+    def claim(self, owner: Hashable) -> None:
+        """The next calls are ``owner``'s (the server passes its API key's; told before every call, whoever's it is).
+        A proposer that learns from the calls it runs (acceptance models, an n-gram pool)
+        must not let one owner's text shape another's proposals (their speed would tell it): it keeps what it
+        learned per owner, or forgets it. Stateless proposers do nothing."""

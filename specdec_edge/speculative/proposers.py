@@ -115,3 +115,7 @@ class FirstOfProposer(Proposer):
     def commit(self, context) -> None:
         self.first.commit(context)
         self.second.commit(context)
+
+    def claim(self, owner) -> None:
+        self.first.claim(owner)
+        self.second.claim(owner)

@@ -10,6 +10,7 @@ the stats, bench and chat.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import replace
 
@@ -249,6 +250,35 @@ def test_auto_is_the_default_and_greedy_equals_plain_with_a_draft(tiny_bundle, p
         "lookahead",
     }
     assert_greedy_equals_plain(plain, auto)
+
+
+def test_what_auto_learns_is_kept_per_owner(tiny_bundle):
+    # The server's owners are its API keys: one key's text must not shape how another's calls run (their speed would
+    # tell it), so auto's acceptance models, timings and lookahead's n-gram pool are each owner's own.
+    auto = Pipeline.load(tiny_bundle, threads=1)
+    proposer = auto.decoder.proposer
+    lookahead = next(c.proposer for c in proposer.candidates if c.name == "lookahead")
+
+    def tables():
+        return [copy.deepcopy(c.predictor.table) for c in proposer.candidates]
+
+    auto.generate(TEXTS[0] * 3, max_new_tokens=24, owner="a")
+    learned_by_a = tables()
+    assert proposer.owner == "a" and any(learned_by_a)
+    b_prompt = auto.admit(TEXTS[1], max_new_tokens=24)
+    b = auto.generate(b_prompt, owner="b")
+    assert proposer.owner == "b" and any(tables())
+    # a's models were set aside untouched, and b's pool holds only n-grams of b's own prompt and answer.
+    assert [c["predictor"].table for c in proposer._owners["a"][0]] == learned_by_a
+    text = list(b_prompt.ids) + b.token_ids
+    grams = {tuple(text[i : i + lookahead.ngram]) for i in range(len(text))}
+    pooled = [(first, *rest) for first, rests in lookahead.pool.items() for rest in rests]
+    assert pooled and all(gram in grams for gram in pooled)
+    # a's next call starts from what a's calls taught, b's is set aside; the API's own calls (owner None) from priors.
+    auto.generate(TEXTS[0], max_new_tokens=8, owner="a")
+    assert proposer.owner == "a" and "b" in proposer._owners
+    auto.generate(TEXTS[2], max_new_tokens=8)
+    assert proposer.owner is None and set(proposer._owners) == {"a", "b"}
 
 
 def test_auto_greedy_equals_plain_with_heads(heads_bundle, heads_plain):
