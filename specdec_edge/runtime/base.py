@@ -345,6 +345,14 @@ class CachedEngine(HeldIds, ABC):
         """Move the K/V of slots ``length + path`` to slots ``length .. length+len(path)-1``."""
 
     @property
+    def plain_rows(self) -> int:
+        """The rows plain decoding's attention sees for one token: the pass's padding (``min_width``), or the graph's
+        own attention padding (``attention_rows``) where a one-row pass runs as one row. A token at position p is
+        computed over p + plain_rows keys (Gemma 3's 256-wide heads round differently past 64 keys: with the
+        attention padded inside the graph, plain decoding crosses that at p = 63, not 64)."""
+        return max(self.min_width, self.attention_rows)
+
+    @property
     def vocab_size(self) -> int:
         return self.graph.vocab_size
 
@@ -352,13 +360,14 @@ class CachedEngine(HeldIds, ABC):
         """The most rows a pass after ``past`` committed slots (default: ``length``) may have so that every row
         keeps the rounding of plain decoding, or None for no limit.
 
-        Plain decoding computes the token at position p in a pass of ``min_width`` rows, over p + min_width
-        keys. At a key-count boundary B the kernels round differently (``runtime/verdicts.py``), so rows at
-        positions below B - min_width and rows from there on must not share a pass; no pass may be wider
-        than ``max_width``, the widest measured exact; and where ``bad_residues`` were measured, no pass of a
-        width that does not match plain decoding after this many slots (modulo ``RESIDUE_PERIOD``)."""
+        Plain decoding computes the token at position p over p + ``plain_rows`` keys. At a key-count boundary B the
+        kernels round differently (``runtime/verdicts.py``), so rows at positions below B - plain_rows and rows
+        from there on must not share a pass; no pass may be wider than ``max_width``, the widest measured exact;
+        and where ``bad_residues`` were measured, no pass of a width that does not match plain decoding after
+        this many slots (modulo ``RESIDUE_PERIOD``)."""
         past = self.length if past is None else past
-        limits = [b - self.min_width - past for b in self.boundaries if b - self.min_width > past]
+        w = self.plain_rows
+        limits = [b - w - past for b in self.boundaries if b - w > past]
         limits += [self.max_width] if self.max_width else []
         if self.bad_residues:
             limits.append(residue_limit(self.bad_residues, past, self.max_width or RESIDUE_WIDTHS))

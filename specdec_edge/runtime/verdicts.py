@@ -14,7 +14,8 @@ decoding gives it. Kernels pick another code path (and rounding) for another pas
   N = the pass's key count (past + S) and K = the head size, so a head wider than 128 (Gemma 3: 256)
   is summed in one K block while the pass holds at most 64 keys and in two blocks of 128 above that:
   a token's scores round differently when its pass's key count crosses 64. Plain decoding computes the
-  token at position p with p + W keys (W = ``min_pass_width``); a verify pass that holds it and crosses
+  token at position p with p + W keys (W = ``Engine.plain_rows``: ``min_pass_width``, or 2 where the graph pads
+  a one-row pass's attention inside); a verify pass that holds it and crosses
   the boundary does not. These *key-count boundaries* are found by sweeping the key count around the
   candidates (powers of two, the sliding window) with one token's row, and the decode loop then cuts
   any proposal whose pass would straddle one (``Engine.max_rows``), so every row keeps plain
@@ -60,7 +61,7 @@ from specdec_edge.runtime.device import device_key
 from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
 
-VERDICT_FORMAT = 4  # bumped when what is measured changes: cached verdicts of other formats are measured again
+VERDICT_FORMAT = 5  # bumped when what is measured changes: cached verdicts of other formats are measured again
 CHAIN_WIDTHS = (1, 2, 3, 4, 5, 8, 12, 16, 32, 64)  # the widest is what a verify pass may have (MAX_VERIFY)
 CONTEXTS = (7, 40)
 RESIDUE_FROM = 41  # the residue sweep's cache lengths: RESIDUE_FROM .. RESIDUE_FROM + RESIDUE_PERIOD - 1
@@ -367,7 +368,7 @@ def measure(
     partners_matter = found is None or len(found) > MAX_BOUNDARIES
     boundaries = [] if partners_matter else found
     engine.boundaries = tuple(boundaries)
-    near += [n for b in boundaries for n in (b - engine.min_width, b + 1)]
+    near += [n for b in boundaries for n in (b - engine.plain_rows, b + 1)]
     cases = {n: widths for n in CONTEXTS if fits(n, widths)}
     cases.update({n: NEAR_WIDTHS for n in near if n not in cases and fits(n, NEAR_WIDTHS)})
     failed, worst_multi = set(), 0.0  # the chain widths that failed anywhere

@@ -292,6 +292,23 @@ def test_boundaries_are_found_and_no_pass_straddles_them(wide_heads_bundle):
     assert all(np.array_equal(cut[j], plain[j]) for j in range(3))
 
 
+def test_a_one_row_pass_with_padded_attention_meets_a_boundary_a_row_early(tiny_bundle):
+    # Where a one-row pass runs as one row with its attention padded to two inside the graph, plain decoding computes
+    # the token at position p over p + 2 keys, as a host-padded pass does: at a boundary of 65 keys the rows up to
+    # position 62 and those from 63 on must not share a pass. (Counting one row let a pass after 60 slots hold
+    # position 63: Gemma 3's gguf graph was then refused speculation on an AVX-512 CPU, its verdict failing there.)
+    graph = read_manifest(tiny_bundle).target.graph
+    engine = OrtEngine(tiny_bundle / graph.path, graph, cpu=CpuThreads(1))
+    engine.boundaries, engine.max_width, engine.bad_residues = (65,), None, {}
+    engine.min_width, engine.attention_rows = 1, 2
+    assert engine.plain_rows == 2 and engine.max_rows(60) == 3 and engine.max_rows(62) == 1
+    assert engine.max_rows(63) is None  # past the boundary: no limit from it
+    engine.attention_rows = 1  # a graph whose one-row pass is one row throughout
+    assert engine.plain_rows == 1 and engine.max_rows(60) == 4
+    engine.min_width = 2  # padded on the host
+    assert engine.plain_rows == 2 and engine.max_rows(60) == 3
+
+
 def test_greedy_speculation_across_boundaries_equals_plain(wide_heads_bundle):
     plain = Pipeline.load(wide_heads_bundle, method="plain", threads=1)
     bounds = plain.engines.verdict.details["boundaries"]
