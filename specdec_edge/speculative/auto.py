@@ -295,8 +295,9 @@ def merged_option(options: list[_Option], value) -> _Option:
     for option in options:
         proposal, node_rates, keys = option.whole
         mapped = np.zeros(len(proposal.tokens), dtype=np.int64)
+        own_parents = chain_parents(proposal)
         for i in prefix_order(proposal, node_rates):
-            parent = i - 1 if proposal.parents is None else int(proposal.parents[i])  # a chain's node 0: -1
+            parent = int(own_parents[i])
             at = (-1 if parent < 0 else int(mapped[parent]), int(proposal.tokens[i]))
             node = index.get(at)
             if node is None:
