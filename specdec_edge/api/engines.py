@@ -47,6 +47,7 @@ from specdec_edge.runtime.base import (
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
+from specdec_edge.runtime.ov_prefill import open_prefill, prefill_setting
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.speculative.costs import CostModel
@@ -247,12 +248,14 @@ def open_engines(
     gpu: GpuOptions = DEFAULT_GPU,
     progress: Progress | None = None,
     prompt_cache_mb: float = DEFAULT_MB,
+    prefill: str = "onnxruntime",
 ) -> Engines:
     """The engines of the bundle at ``root``, with the exactness verdict of this device (cached per device,
     ``runtime/verdicts.py``), its step costs (cached per bundle, device and thread pool, ``step_costs.py``; both
     key on one device identity, ``runtime/device.py``)
     and a prompt cache of ``prompt_cache_mb`` MB (0: none); measuring the verdict or the costs is reported to
-    ``progress`` (``progress.py``)."""
+    ``progress`` (``progress.py``). ``prefill``: which runtime runs the target's prefill passes
+    (``runtime/ov_prefill.py``); the verdict and the costs are measured, and cached, with it."""
     share = manifest.draft is not None or bool(manifest.heads)  # GPU engines: their CPU fallback must not spin
     settings = dict(provider=provider, cpu=cpu, gpu=gpu)
     target = open_engine(root, manifest.target.graph, share_process=share, **settings)
@@ -260,8 +263,10 @@ def open_engines(
     if manifest.draft is not None:
         draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **settings)
     graph = manifest.target.graph
-    # CUDA graphs change what a pass costs and how it rounds: their measurements are kept apart
-    setting = provider + ("+cuda-graph" if gpu.cuda_graph else "")
+    target.prefiller = open_prefill(prefill, provider, root / graph.path, graph, cpu.threads)
+    # CUDA graphs change what a pass costs and how it rounds, another prefill runtime what a prefilled cache holds:
+    # their measurements are kept apart
+    setting = provider + ("+cuda-graph" if gpu.cuda_graph else "") + prefill_setting(target)
     device = device_identity(setting, str(cpu.threads or "default"))
     verdict = device_verdict(root, graph.verdict, graph.path, target, device, progress=progress)
     key = CostKey.for_bundle(root, device, cpu.spinning)  # the same device identity

@@ -230,7 +230,7 @@ def _open(root: Path, settings: LoadSettings, method: str | None, options: dict)
     _check_method(method or default_method(manifest.default_method), manifest, root, options)
     engines = open_engines(
         root, manifest, provider=settings.provider, cpu=cpu, gpu=settings.gpu, progress=settings.progress,
-        prompt_cache_mb=settings.cache_mb(),
+        prompt_cache_mb=settings.cache_mb(), prefill=settings.prefill,
     )  # fmt: skip
     if method is None:  # the default must run: plain where speculation would not be exact on this device
         method = "plain" if default_runs_plain(engines.verdict) else default_method(manifest.default_method)

@@ -35,6 +35,7 @@ from specdec_edge import __version__
 from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.ov_prefill import prefill_name
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.methods import METHODS
 from specdec_edge.speculative.stats import Stats, add_stats, proposer_summary
@@ -250,6 +251,7 @@ def _meta(pipeline, pipes: dict, s: BenchSettings, as_text: bool, per_category: 
         "lossy_methods": [m for m in pipes if METHODS[m].lossy],
         "inexact_methods": [m for m, p in pipes.items() if p.exactness.inexact],
         "exactness": pipeline.describe_exactness(),
+        "prefill": prefill_name(pipeline.engines.target),
         "prompts_per_category": per_category,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),

@@ -8,6 +8,7 @@ import functools
 import click
 
 from specdec_edge.runtime.base import BACKENDS
+from specdec_edge.runtime.ov_prefill import PREFILL_RUNTIMES
 
 # -k/--k of chat, generate, serve and bench
 K_OPTION = click.option(
@@ -28,7 +29,7 @@ def file_option(*decls: str, help: str):
 
 def load_options(threads_default: int | None = None) -> list:
     """The click options of ``LoadSettings`` that every command that loads a pipeline has (`chat`, `generate`,
-    `serve`, `bench`): --threads, --spinning, --allow-inexact, --provider."""
+    `serve`, `bench`): --threads, --spinning, --allow-inexact, --provider, --prefill."""
     return [
         click.option(
             "--threads",
@@ -58,6 +59,15 @@ def load_options(threads_default: int | None = None) -> list:
             show_default=True,
             help="cpu; cuda or tensorrt: ONNX Runtime GPU providers (onnxruntime-gpu); trt: TensorRT engines "
             "built by `build-engines`.",
+        ),
+        click.option(
+            "--prefill",
+            type=click.Choice(list(PREFILL_RUNTIMES)),
+            default="auto",
+            show_default=True,
+            help="Which runtime prefills the prompt: auto (OpenVINO with --provider cpu where the openvino package "
+            "is installed, faster on long prompts; else ONNX Runtime), openvino or onnxruntime. Output stays "
+            "identical between plain and speculative decoding either way.",
         ),
     ]
 

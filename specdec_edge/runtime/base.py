@@ -340,6 +340,14 @@ class CachedEngine(HeldIds, ABC):
             ``StepOutput`` with logits [N, V] (and hidden states [S, H] if the graph has them).
         """
 
+    # Prefill passes (``prefill``): ``run`` with the chunk of ``PREFILL_CHUNK`` rows, unless a backend prefills
+    # another way (``OrtEngine`` with OpenVINO attached: ``runtime/ov_prefill.py``).
+    prefill_chunk: int = PREFILL_CHUNK
+
+    def prefill_run(self, input_ids, logits_to_keep: int | None = None) -> StepOutput:
+        """One prefill pass of ``input_ids`` after the committed cache (``run``'s contract, as a causal chain)."""
+        return self.run(input_ids, logits_to_keep=logits_to_keep)
+
     @abstractmethod
     def _compact(self, path: np.ndarray) -> None:
         """Move the K/V of slots ``length + path`` to slots ``length .. length+len(path)-1``."""
@@ -468,14 +476,18 @@ class CachedEngine(HeldIds, ABC):
         )
 
 
-def prefill(engine: Engine, tokens, chunk: int = PREFILL_CHUNK, kept: int = 0) -> None:
-    """Commit ``tokens`` to ``engine``'s cache, ``chunk`` tokens per pass, after its first ``kept`` slots (0: reset
-    it first; else it rolls back to them: they must hold ``tokens[:kept]``, see ``Engine.reusable``)."""
+def prefill(engine: Engine, tokens, chunk: int | None = None, kept: int = 0) -> None:
+    """Commit ``tokens`` to ``engine``'s cache, ``chunk`` tokens per pass (default: the engine's ``prefill_chunk``),
+    after its first ``kept`` slots (0: reset it first; else it rolls back to them: they must hold
+    ``tokens[:kept]``, see ``Engine.reusable``). The passes are the engine's ``prefill_run`` (another runtime may
+    run them: ``runtime/ov_prefill.py``), so every call, plain or speculative, prefills alike."""
+    chunk = chunk or getattr(engine, "prefill_chunk", PREFILL_CHUNK)
+    run = getattr(engine, "prefill_run", engine.run)
     if kept:
         engine.rollback(kept)
     else:
         engine.reset()
     for start in range(kept, len(tokens), chunk):
         piece = tokens[start : start + chunk]
-        engine.run(piece, logits_to_keep=1)  # the logits are not used; keep the LM head work minimal
+        run(piece, logits_to_keep=1)  # the logits are not used; keep the LM head work minimal
         engine.commit(len(piece))

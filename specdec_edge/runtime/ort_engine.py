@@ -19,7 +19,9 @@ import numpy as np
 import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
-from specdec_edge.runtime.base import CachedEngine, StepOutput, pad_step
+from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import PREFILL_CHUNK, CachedEngine, StepOutput, pad_step
+from specdec_edge.runtime.ov_prefill import check_against
 from specdec_edge.runtime.sessions import attention_rows, bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
 
@@ -94,6 +96,42 @@ class OrtEngine(CachedEngine):
             None if hidden is None else hidden[0, :seq],
             None if layers is None else layers[0, :seq],
         )
+
+    # Another runtime for prefill passes (``runtime/ov_prefill.py``; ``api/engines.py`` attaches it), or None.
+    prefiller = None
+
+    @property
+    def prefill_chunk(self) -> int:
+        return PREFILL_CHUNK if self.prefiller is None else self.prefiller.chunk
+
+    def prefill_run(self, input_ids, logits_to_keep: int | None = None) -> StepOutput:
+        """A prefill pass: by the attached ``prefiller`` into this cache where it has ``min_rows`` rows or more,
+        else ``run``. A prefiller that cannot compile the graph (``prefill`` "auto") is dropped at its first pass,
+        before it wrote anything: every pass from then on runs here."""
+        rows = np.asarray(input_ids).size
+        if self.prefiller is None or rows < self.prefiller.min_rows:
+            return self.run(input_ids, logits_to_keep=logits_to_keep)
+        if not self.prefiller.checked:
+            try:
+                self._check_prefiller(input_ids, logits_to_keep)
+            except SpecdecError:
+                if self.prefiller.required:
+                    raise
+                self.prefiller = None
+                return self.run(input_ids, logits_to_keep=logits_to_keep)
+        step = self.step_inputs(input_ids, None, None, logits_to_keep)
+        return self.prefiller.run(self.cache, self.length, step)
+
+    def _check_prefiller(self, input_ids, logits_to_keep) -> None:
+        """The prefiller's first pass against this engine's on the same rows (``ov_prefill.check_against``); both
+        write only the uncommitted slots the pass is for."""
+        self.prefiller.compile()
+        self.run(input_ids, logits_to_keep=logits_to_keep)
+        rows = slice(self.length, self.length + np.asarray(input_ids).size)
+        want = self.cache[..., rows, :].copy()
+        self.prefiller.run(self.cache, self.length, self.step_inputs(input_ids, None, None, logits_to_keep))
+        check_against(self.cache[..., rows, :], want)
+        self.prefiller.checked = True
 
     def _compact(self, path: np.ndarray) -> None:
         start, n = self.length, len(path)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import CachedEngine, HeldIds, StepOutput
+from specdec_edge.runtime.base import PREFILL_CHUNK, CachedEngine, HeldIds, StepOutput
 
 if TYPE_CHECKING:
     from specdec_edge.bundle.schema import GraphSpec
@@ -100,8 +100,20 @@ class FeatureTap(HeldIds):
             del self.held[length:]
 
     def run(self, input_ids, position_ids=None, attention_bias=None, logits_to_keep=None) -> StepOutput:
-        out = self.engine.run(input_ids, position_ids, attention_bias, logits_to_keep)
-        self._hidden, self._layers = out.hidden_states, out.layer_features  # valid until the next run
+        return self._ran_with(self.engine.run(input_ids, position_ids, attention_bias, logits_to_keep), input_ids)
+
+    @property
+    def prefill_chunk(self) -> int:
+        return getattr(self.engine, "prefill_chunk", PREFILL_CHUNK)
+
+    def prefill_run(self, input_ids, logits_to_keep=None) -> StepOutput:
+        """A prefill pass by the engine's own prefill path (``runtime.base.prefill``); features kept as ``run``'s."""
+        run = getattr(self.engine, "prefill_run", self.engine.run)
+        return self._ran_with(run(input_ids, logits_to_keep=logits_to_keep), input_ids)
+
+    def _ran_with(self, out: StepOutput, input_ids) -> StepOutput:
+        """Hold a pass's features (valid until the next run) and ids, for ``commit``."""
+        self._hidden, self._layers = out.hidden_states, out.layer_features
         self._ran = (self.engine.length, np.asarray(input_ids, dtype=np.int64).reshape(-1))
         return out
 

@@ -40,8 +40,9 @@ def test_heads_and_draft_bundles_share_one_spinning_pool_and_create_its_threads_
     out = run(
         """
 before = threads()
-a = Pipeline.load(sys.argv[1], method="pld-eagle", threads=3)   # target + EAGLE + Medusa heads
-b = Pipeline.load(sys.argv[2], method="draft", threads=3)       # target + draft model
+# ONNX Runtime's sessions only: OpenVINO's prefill (runtime/ov_prefill.py) keeps a pool of its own
+a = Pipeline.load(sys.argv[1], method="pld-eagle", threads=3, prefill="onnxruntime")   # target + EAGLE + Medusa heads
+b = Pipeline.load(sys.argv[2], method="draft", threads=3, prefill="onnxruntime")       # target + draft model
 text = a.generate("the quick brown fox", max_new_tokens=8).text + b.generate("the quick", max_new_tokens=8).text
 print(json.dumps({"new_threads": threads() - before, "owner": PROCESS_POOL.owner, "pooled": pooled(a) + pooled(b)}))
 """,
@@ -56,7 +57,7 @@ def test_not_spinning_gives_each_session_a_sleeping_pool(tiny_bundle):
     out = run(
         """
 before = threads()
-b = Pipeline.load(sys.argv[1], method="draft", threads=3, spinning=False)
+b = Pipeline.load(sys.argv[1], method="draft", threads=3, spinning=False, prefill="onnxruntime")
 b.generate("the quick", max_new_tokens=4)
 opts = [s.get_session_options() for s in (b.engines.target.session, b.engines.draft.session)]
 print(json.dumps({"new_threads": threads() - before, "owner": PROCESS_POOL.owner,

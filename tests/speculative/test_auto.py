@@ -360,7 +360,9 @@ def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monke
     lines = []
 
     def load(bundle, threads):
-        pipe = Pipeline.load(bundle, method="auto", threads=threads, progress=lines.append)
+        # prefill in ONNX Runtime: the identity below is provider "cpu" alone (OpenVINO's prefill has its own,
+        # tests/runtime/test_ov_prefill.py)
+        pipe = Pipeline.load(bundle, method="auto", threads=threads, progress=lines.append, prefill="onnxruntime")
         return pipe.decoder.proposer.costs
 
     first = load(tiny_bundle, 1)
@@ -459,12 +461,16 @@ def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, m
     key = CostKey.for_bundle(tiny_bundle, device_identity("cpu", "1"), True, ("pld", "history", "draft", "lookahead"))
     cost_path(key).mkdir()  # a directory at the file's path
     lines = []
-    pipe = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append)
+    pipe = Pipeline.load(tiny_bundle, method="auto", threads=1, progress=lines.append, prefill="onnxruntime")
     assert pipe.generate("the quick brown fox", max_new_tokens=8).token_ids
     assert any("warning: cannot write" in line for line in lines)
     cost_path(key).rmdir()
     (cache / "costs").chmod(0o500)  # read-only (root ignores modes: then the directory trick above is the test)
     try:
-        assert Pipeline.load(tiny_bundle, method="auto", threads=1).generate("the quick", max_new_tokens=4).token_ids
+        assert (
+            Pipeline.load(tiny_bundle, method="auto", threads=1, prefill="onnxruntime")
+            .generate("the quick", max_new_tokens=4)
+            .token_ids
+        )
     finally:
         (cache / "costs").chmod(0o700)

@@ -1,0 +1,169 @@
+"""Prefill through OpenVINO (``runtime/ov_prefill.py``): the same cache as ONNX Runtime's to float rounding, every
+call prefilled alike so speculation stays exact, short prefills left to ONNX Runtime, clear errors, and a graph
+OpenVINO cannot compile left to ONNX Runtime under ``auto``. Real OpenVINO and ONNX Runtime sessions on the tiny
+exported bundles."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.api.engines import open_engines
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.runtime.base import prefill
+from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.ov_prefill import MIN_ROWS, OpenVinoPrefill, check_against, open_prefill, prefill_name
+from specdec_edge.runtime.threads import CpuThreads
+
+pytest.importorskip("openvino", reason="the openvino package (scripts/install.sh installs it)")
+
+LONG = "Speculative decoding proposes tokens and verifies them in one pass. " * 3  # > MIN_ROWS tokens here
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 300, size=n).tolist()
+
+
+def target(bundle, prefiller: bool) -> OrtEngine:
+    manifest = read_manifest(bundle)
+    engine = OrtEngine(bundle / manifest.target.graph.path, manifest.target.graph)
+    if prefiller:
+        engine.prefiller = OpenVinoPrefill(bundle / manifest.target.graph.path, manifest.target.graph, threads=2)
+    return engine
+
+
+def test_openvino_prefill_writes_the_cache_onnx_runtime_would(tiny_bundle):
+    ids = tokens(150)
+    ort_engine, ov_engine = target(tiny_bundle, False), target(tiny_bundle, True)
+    for engine in (ort_engine, ov_engine):
+        prefill(engine, ids[:100])
+        prefill(engine, ids, kept=100)  # a second part after a kept prefix: OpenVINO reads the cache it wrote
+    assert ov_engine.prefiller.compiled is not None
+    assert ov_engine.length == ort_engine.length == 150 and ov_engine.held == ort_engine.held == ids
+    np.testing.assert_allclose(ov_engine.cache[..., :150, :], ort_engine.cache[..., :150, :], atol=2e-4, rtol=1e-4)
+    assert not ov_engine.cache[..., 150:, :].any()  # nothing written past the prefilled slots
+    out = [e.run([7]).logits for e in (ort_engine, ov_engine)]  # the next decode pass reads what prefill wrote
+    np.testing.assert_allclose(out[1], out[0], atol=2e-4, rtol=1e-4)
+
+
+def test_openvino_prefill_is_deterministic(tiny_bundle):
+    engine = target(tiny_bundle, True)
+    ids = tokens(200, seed=1)
+    prefill(engine, ids)
+    first = engine.cache[..., :200, :].copy()
+    engine.cache[:] = 7.0  # stale slots must not leak into the next prefill
+    prefill(engine, ids)
+    assert np.array_equal(engine.cache[..., :200, :], first)
+
+
+def test_prefills_shorter_than_min_rows_stay_in_onnx_runtime(tiny_bundle):
+    ov_engine, ort_engine = target(tiny_bundle, True), target(tiny_bundle, False)
+    ids = tokens(MIN_ROWS - 1)
+    for engine in (ov_engine, ort_engine):
+        prefill(engine, ids)
+    assert ov_engine.prefiller.compiled is None  # never needed: not even compiled
+    assert np.array_equal(ov_engine.cache[..., : len(ids), :], ort_engine.cache[..., : len(ids), :])
+
+
+@pytest.mark.parametrize("method", ["draft", "pld", "auto"])
+def test_speculation_is_exact_with_openvino_prefill(tiny_bundle, method):
+    plain = Pipeline.load(tiny_bundle, method="plain", prefill="openvino")
+    spec = Pipeline.load(tiny_bundle, method=method, prefill="openvino")
+    assert prefill_name(spec.engines.target).startswith("openvino")
+    turns = [LONG, LONG + " And once more, in other words."]
+    for reuse in (False, True):
+        for turn in turns:  # the second turn reuses the first's cache where reuse is on
+            a = plain.generate(turn, max_new_tokens=24, reuse=reuse)
+            b = spec.generate(turn, max_new_tokens=24, reuse=reuse)
+            assert a.token_ids == b.token_ids, (method, reuse)
+    assert spec.engines.target.prefiller.compiled is not None  # the long prompts went through OpenVINO
+
+
+def test_heads_read_the_features_openvino_prefilled(heads_bundle):
+    plain = Pipeline.load(heads_bundle, method="plain", prefill="openvino")
+    eagle = Pipeline.load(heads_bundle, method="eagle", prefill="openvino")
+    a = plain.generate(LONG, max_new_tokens=24, reuse=False)
+    b = eagle.generate(LONG, max_new_tokens=24, reuse=False)
+    assert a.token_ids == b.token_ids
+    # the features of the prompt's slots are OpenVINO's hidden states, close to ONNX Runtime's
+    tap = eagle.decoder.engine
+    n = len(eagle.encode(LONG)) - 1
+    ort_engine = target(heads_bundle, False)
+    hidden = ort_engine.run(eagle.encode(LONG)[:-1]).hidden_states
+    np.testing.assert_allclose(tap.features[:n], hidden[:n], atol=2e-4, rtol=1e-4)
+
+
+def test_auto_leaves_a_graph_openvino_cannot_compile_to_onnx_runtime(tiny_bundle, tmp_path):
+    engine = target(tiny_bundle, False)
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    engine.prefiller = OpenVinoPrefill(broken, engine.graph, threads=2)
+    with pytest.raises(SpecdecError, match="OpenVINO cannot compile model.onnx.*--prefill onnxruntime"):
+        OpenVinoPrefill(broken, engine.graph).compile()
+    ids = tokens(120)
+    prefill(engine, ids)  # the first pass that needs it drops it, before writing anything
+    assert engine.prefiller is None and engine.length == 120
+    reference = target(tiny_bundle, False)
+    prefill(reference, ids)
+    assert np.array_equal(engine.cache[..., :120, :], reference.cache[..., :120, :])
+
+
+def test_prefill_choices_and_their_errors(tiny_bundle, monkeypatch):
+    manifest = read_manifest(tiny_bundle)
+    graph, path = manifest.target.graph, tiny_bundle / manifest.target.graph.path
+    assert open_prefill("onnxruntime", "cpu", path, graph, 2) is None
+    assert open_prefill("auto", "cuda", path, graph, 2) is None
+    assert isinstance(open_prefill("auto", "cpu", path, graph, 2), OpenVinoPrefill)
+    with pytest.raises(SpecdecError, match="unknown prefill runtime 'tvm'"):
+        open_prefill("tvm", "cpu", path, graph, 2)
+    with pytest.raises(SpecdecError, match="runs on the CPU.*--prefill onnxruntime"):
+        open_prefill("openvino", "cuda", path, graph, 2)
+    monkeypatch.setitem(sys.modules, "openvino", None)  # as if it were not installed
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    assert open_prefill("auto", "cpu", path, graph, 2) is None
+    with pytest.raises(SpecdecError, match=r"needs the openvino package.*specdec-edge\[openvino\]"):
+        open_prefill("openvino", "cpu", path, graph, 2)
+
+
+def test_the_verdict_and_costs_of_another_prefill_are_kept_apart(tiny_bundle):
+    manifest = read_manifest(tiny_bundle)
+    cpu = CpuThreads(threads=2)
+    ov = open_engines(tiny_bundle, manifest, provider="cpu", cpu=cpu, prefill="openvino")
+    ort = open_engines(tiny_bundle, manifest, provider="cpu", cpu=cpu, prefill="onnxruntime")
+    assert prefill_name(ov.target).startswith("openvino") and prefill_name(ort.target) == "onnxruntime"
+    assert ov.verdict.device != ort.verdict.device  # measured and cached per prefill runtime
+    ov.close()
+    ort.close()
+
+
+def test_a_prefiller_that_computes_another_function_is_refused(tiny_bundle):
+    """The check of the first pass: K/V off by more than rounding (OpenVINO's compiled-model cache gave such
+    K/V for the gguf graph) are refused under "openvino", dropped under "auto"."""
+    ids = tokens(100)
+    with pytest.raises(SpecdecError, match="disagrees with ONNX Runtime's.*--prefill onnxruntime"):
+        check_against(np.ones((2, 2, 1, 2, 4, 8)) * 1.3, np.ones((2, 2, 1, 2, 4, 8)))
+    check_against(np.ones((2, 2, 1, 2, 4, 8)) * 1.07, np.ones((2, 2, 1, 2, 4, 8)))  # the gguf bundle's rounding passes
+    for required in (True, False):
+        engine = target(tiny_bundle, True)
+        engine.prefiller.required = required
+        engine.prefiller.compile()
+        real = engine.prefiller.run
+
+        def skewed(cache, past, step, real=real):  # a wrong function: every K/V it writes scaled by 1.5
+            out = real(cache, past, step)
+            cache[..., past : past + step.ids.shape[1], :] *= 1.5
+            return out
+
+        engine.prefiller.run = skewed
+        if required:
+            with pytest.raises(SpecdecError, match="disagrees with ONNX Runtime's"):
+                prefill(engine, ids)
+        else:
+            prefill(engine, ids)
+            assert engine.prefiller is None
+            reference = target(tiny_bundle, False)
+            prefill(reference, ids)
+            assert np.array_equal(engine.cache[..., :100, :], reference.cache[..., :100, :])
