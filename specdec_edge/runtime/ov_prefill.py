@@ -23,6 +23,7 @@ tokens it prefills, never on timing.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -56,14 +57,13 @@ class OpenVinoPrefill:
     required = False
 
     def __init__(self, model_path: str | Path, graph, threads: int | None = None):
-        try:
-            import openvino as ov
-        except ImportError:
+        try:  # the package's version now (the device identity needs it); the module itself when compiling
+            self.version = importlib.metadata.version("openvino")
+        except importlib.metadata.PackageNotFoundError:
             raise SpecdecError(
                 f"prefill 'openvino' needs the openvino package, which is not installed: {INSTALL}; "
                 "or prefill with ONNX Runtime (--prefill onnxruntime)."
             ) from None
-        self._ov, self.version = ov, ov.get_version()
         self.model_path, self.graph, self.threads = Path(model_path), graph, threads
         self.compiled = self.request = None
         self._extra: list[str] = []
@@ -76,7 +76,9 @@ class OpenVinoPrefill:
         if self.threads:
             config["INFERENCE_NUM_THREADS"] = int(self.threads)
         try:
-            compiled = self._ov.Core().compile_model(str(self.model_path), "CPU", config)
+            import openvino
+
+            compiled = openvino.Core().compile_model(str(self.model_path), "CPU", config)
         except Exception as e:  # OpenVINO raises RuntimeError subclasses of its own for unsupported graphs
             raise SpecdecError(
                 f"OpenVINO cannot compile {self.model_path.name} for prefill ({' '.join(str(e).split())[:300]}); "

@@ -5,6 +5,7 @@ exported bundles."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 
 import numpy as np
@@ -122,7 +123,12 @@ def test_prefill_choices_and_their_errors(tiny_bundle, monkeypatch):
     with pytest.raises(SpecdecError, match="runs on the CPU.*--prefill onnxruntime"):
         open_prefill("openvino", "cuda", path, graph, 2)
     monkeypatch.setitem(sys.modules, "openvino", None)  # as if it were not installed
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    monkeypatch.setattr("importlib.metadata.version", not_installed)
     assert open_prefill("auto", "cpu", path, graph, 2) is None
     with pytest.raises(SpecdecError, match=r"needs the openvino package.*specdec-edge\[openvino\]"):
         open_prefill("openvino", "cpu", path, graph, 2)
