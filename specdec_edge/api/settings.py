@@ -50,8 +50,10 @@ class LoadSettings:
     ``chat_template``: a Jinja chat template that replaces the bundle's (``tokenizer.read_chat_template`` reads one
     from a file); a base model's bundle has none, and then takes plain text only.
     ``prefill``: which runtime runs the target's prefill passes (``runtime/ov_prefill.py``): "auto" (default:
-    OpenVINO where the provider is "cpu" and the openvino package is installed and compiles the graph, about 1.3-1.7x
-    faster on prompts of 64+ tokens; else ONNX Runtime), "openvino" (an error where it cannot) or "onnxruntime".
+    OpenVINO where the provider is "cpu", the openvino package is installed and compiles the graph, and its prefill
+    measured at least 1.1x ONNX Runtime's on this device, once, cached (``runtime/prefill_choice.py``: 1.3-1.7x on
+    an AVX-512 CPU, 0.85x on an AVX2 one); else ONNX Runtime), "openvino" (an error where it cannot) or
+    "onnxruntime".
     Every call, plain or speculative, prefills alike, so speculation stays exact either way.
     ``progress``: called with a line before and after what takes seconds on first use on a device (measuring its
     exactness verdict or step costs); None, silent (the commands print them).

@@ -16,9 +16,10 @@ speed in docs/PERFORMANCE.md.
 
 ``prefill`` (``LoadSettings.prefill``, ``--prefill``): ``onnxruntime`` (every pass in ONNX Runtime), ``openvino``
 (prefill here; an error if OpenVINO is missing or cannot compile the graph) or ``auto`` (here when the provider
-is the CPU and OpenVINO is installed and compiles the graph, else ONNX Runtime). Passes of fewer than ``MIN_ROWS``
+is the CPU, OpenVINO is installed and compiles the graph, and its prefill measured faster on this device: once per
+device and bundle, cached, ``runtime/prefill_choice.py``; else ONNX Runtime). Passes of fewer than ``MIN_ROWS``
 rows stay in ONNX Runtime (OpenVINO gains nothing there): which runtime prefills a call depends only on how many
-tokens it prefills, never on timing.
+tokens it prefills and on the device's cached choice, never on a call's timing.
 """
 
 from __future__ import annotations

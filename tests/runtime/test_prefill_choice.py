@@ -1,0 +1,96 @@
+"""``--prefill auto`` keeps OpenVINO's prefill only where it measured faster on this device
+(``runtime/prefill_choice.py``): both runtimes timed on the same rows once, the choice cached and followed on every
+later load, a damaged record measured again, a graph OpenVINO cannot run left to ONNX Runtime. Real ONNX Runtime and
+OpenVINO sessions on the tiny exported bundle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec_edge.api.engines import open_engines
+from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.ov_prefill import OpenVinoPrefill, prefill_name
+from specdec_edge.runtime.prefill_choice import GAIN, choose_prefill, decide, measure_prefill
+from specdec_edge.runtime.threads import CpuThreads
+
+pytest.importorskip("openvino", reason="the openvino package (scripts/install.sh installs it)")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    return tmp_path / "prefill"
+
+
+def load(bundle, lines: list[str]):
+    manifest = read_manifest(bundle)
+    return open_engines(
+        bundle, manifest, provider="cpu", cpu=CpuThreads(threads=2), prefill="auto", progress=lines.append
+    )
+
+
+def records(cache) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(cache.glob("*.json"))]
+
+
+def test_auto_times_both_runtimes_once_and_keeps_its_choice(tiny_bundle, cache):
+    lines: list[str] = []
+    engines = load(tiny_bundle, lines)
+    [record] = records(cache)
+    assert record["onnxruntime_s"] > 0 and record["openvino_s"] > 0 and record["rows"] > 0
+    assert record["runtime"] == decide(record) and record["device"]["provider"].startswith("cpu+openvino-prefill")
+    assert any("timing OpenVINO's prefill" in line for line in lines)
+    assert prefill_name(engines.target).split()[0] == record["runtime"]
+    assert engines.target.length == 0 and engines.target.held == []  # the timed passes left nothing committed
+    engines.close()
+    again: list[str] = []
+    engines = load(tiny_bundle, again)
+    assert not any("timing" in line for line in again)  # cached: never timed twice on one device
+    assert prefill_name(engines.target).split()[0] == record["runtime"]
+    engines.close()
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_the_cached_choice_decides_every_later_load(tiny_bundle, cache, runtime):
+    load(tiny_bundle, []).close()
+    [path] = sorted(cache.glob("*.json"))
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "runtime": runtime}))  # as if this device had measured so
+    engines = load(tiny_bundle, [])
+    assert prefill_name(engines.target).split()[0] == runtime
+    # the verdict and the step costs are kept per prefill runtime
+    assert ("openvino-prefill" in engines.verdict.device["provider"]) == (runtime == "openvino")
+    engines.close()
+
+
+def test_a_damaged_record_is_measured_again(tiny_bundle, cache):
+    load(tiny_bundle, []).close()
+    [path] = sorted(cache.glob("*.json"))
+    path.write_text('{"format": 1, "runtime": "tvm"')
+    lines: list[str] = []
+    load(tiny_bundle, lines).close()
+    assert any("timing OpenVINO's prefill" in line for line in lines)
+    assert records(cache)[0]["runtime"] in ("onnxruntime", "openvino")
+
+
+def test_the_rule_and_a_prefiller_that_cannot_run(tiny_bundle, cache, tmp_path):
+    assert decide({"speedup": GAIN}) == "openvino" and decide({"speedup": GAIN - 0.01}) == "onnxruntime"
+    manifest = read_manifest(tiny_bundle)
+    graph = manifest.target.graph
+    engine = OrtEngine(tiny_bundle / graph.path, graph)
+    engine.prefiller = OpenVinoPrefill(tiny_bundle / graph.path, graph, threads=2)
+    measured = measure_prefill(engine, rows=96, rounds=2)
+    assert measured["rows"] == 96 and measured["speedup"] == pytest.approx(
+        measured["onnxruntime_s"] / measured["openvino_s"], rel=1e-3
+    )
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    engine.prefiller = OpenVinoPrefill(broken, graph, threads=2)
+    lines: list[str] = []
+    assert choose_prefill(tiny_bundle, graph.path, engine, {"name": "this CPU"}, lines.append) is None
+    [record] = records(cache)
+    assert record["runtime"] == "onnxruntime" and "cannot compile" in record["error"]
+    assert "onnxruntime prefills here" in lines[-1]
