@@ -11,6 +11,7 @@ from specdec_edge.bundle.hashes import check_hashes
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.bundle.schema import Manifest, ModelSpec
 from specdec_edge.exactness import Verdict, describe
+from specdec_edge.runtime.prefill_choice import cached_choices, describe_choice
 from specdec_edge.runtime.verdicts import cached_verdicts
 from specdec_edge.speculative.methods import available_methods
 
@@ -28,6 +29,11 @@ def summarize(bundle: str | Path) -> tuple[dict, list]:
     summary["verdicts"] += [
         {**v, "measured": "on first use"} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
     ]
+    summary["prefill"] = [
+        {key: record[key] for key in ("device", "runtime", "rows", "onnxruntime_s", "openvino_s", "speedup", "error")
+         if key in record}
+        for record in cached_choices(bundle)
+    ]  # fmt: skip
     return summary, costs
 
 
@@ -62,6 +68,8 @@ def render(bundle: str | Path, summary: dict, costs: list) -> Iterator[str]:
                 yield f"    exactness on {where}: {describe(Verdict.from_json(verdict), m['dtype'])}"
                 if bounds:
                     yield f"      passes never straddle key counts {bounds} (the kernels round differently there)"
+            for record in summary.get("prefill", []):
+                yield f"    {describe_choice(record)}"
     for method, h in summary["heads"].items():
         tree = ", ".join(f"{k} {v}" for k, v in h["tree"].items()) or "proposer defaults"
         tokens = f"{h['training_tokens']:,}" if isinstance(h["training_tokens"], int) else "?"

@@ -107,3 +107,25 @@ def choose_prefill(root, graph_path: str, engine, device: dict, progress: Progre
         why = f"OpenVINO ran at {record['speedup']}x ONNX Runtime's speed" if "speedup" in record else record["error"]
         report(progress, f"specdec-edge: {record['runtime']} prefills here ({why}){where}")
     return engine.prefiller if record["runtime"] == "openvino" else None
+
+
+def cached_choices(root) -> list[dict]:
+    """Every cached choice for the bundle at ``root`` (any device), as stored: for ``info``."""
+    digest = bundle_digest(root)
+    found = []
+    for path in sorted((cache_dir() / "prefill").glob("*.json")):
+        record = load_choice(path)
+        if record is not None and record.get("bundle") == digest and isinstance(record.get("device"), dict):
+            found.append(record)
+    return found
+
+
+def describe_choice(record: dict) -> str:
+    """One line of ``info``: which runtime prefills on the record's device, and why."""
+    device = record["device"]
+    where = f"{device.get('name', '?')} (threads {device.get('threads', '?')})"
+    if "speedup" in record:
+        why = f"OpenVINO measured {record['speedup']:.2f}x ONNX Runtime's speed on {record.get('rows', '?')} rows"
+    else:
+        why = str(record.get("error", "not measured"))
+    return f"prefill on {where}: {record['runtime']} ({why})"

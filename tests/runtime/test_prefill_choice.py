@@ -11,6 +11,7 @@ import pytest
 
 from specdec_edge.api.engines import open_engines
 from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.cli.info import render, summarize
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ov_prefill import OpenVinoPrefill, prefill_name
 from specdec_edge.runtime.prefill_choice import GAIN, choose_prefill, decide, measure_prefill
@@ -46,6 +47,10 @@ def test_auto_times_both_runtimes_once_and_keeps_its_choice(tiny_bundle, cache):
     assert prefill_name(engines.target).split()[0] == record["runtime"]
     assert engines.target.length == 0 and engines.target.held == []  # the timed passes left nothing committed
     engines.close()
+    summary, costs = summarize(tiny_bundle)  # `info` shows the choice and why
+    assert [r["runtime"] for r in summary["prefill"]] == [record["runtime"]]
+    line = next(line for line in render(tiny_bundle, summary, costs) if "prefill on" in line)
+    assert f"{record['runtime']} (OpenVINO measured {record['speedup']:.2f}x" in line
     again: list[str] = []
     engines = load(tiny_bundle, again)
     assert not any("timing" in line for line in again)  # cached: never timed twice on one device
