@@ -198,6 +198,11 @@ def _dequantizes_a_gguf(target: str, ctx: click.Context) -> bool:
     "before the corpus grew names the count it began with.",
 )  # fmt: skip
 @click.option(
+    "--corpus-from", type=click.IntRange(min=0), default=0, show_default=True,
+    help="With --corpus: skip the shards before this one. With --init, continues earlier heads on the shards they "
+    "have not seen (their config.json's corpus_shards): each run trains on what the corpus gained since the last.",
+)  # fmt: skip
+@click.option(
     "--init",
     type=click.Path(exists=True, file_okay=False),
     default=None,
@@ -314,6 +319,8 @@ def train_draft(method, target, out, **settings):
         --eval-bundle bundles/gguf-hs --out heads-work      # the bundle's own features, checked each epoch
       specdec-edge train-draft --method eagle --target bundles/gguf-hs --corpus corpus/smollm2-135m-instruct \
         --init heads-work/eagle --epochs 2 --out heads-work2   # the last run's head, on the grown corpus
+      specdec-edge train-draft --method eagle --target bundles/gguf-hs --corpus corpus/smollm2-135m-instruct \
+        --init heads-work2/eagle --corpus-from 125 --epochs 1 --out heads-work3   # only the shards it has not seen
       specdec-edge export-drafter heads-work/eagle3 --out drafters/smollm2-eagle3   # for vLLM/SGLang/TRT-LLM
     """
     if not settings["spinning"]:  # before torch starts its OpenMP pool: waiting threads sleep instead of spin

@@ -49,12 +49,14 @@ def corpus_data(
     threads: int | None = None,
     progress: bool = True,
     shards: int | None = None,
+    first: int = 0,
 ) -> tuple[list[dict], list[dict]]:
     """(training sequences, held-out sequences) of every whole shard of the corpus in ``corpus_dir``.
 
     Each carries ``bundle``'s features (``draft_data``'s sequence dicts; held-out ones also carry their
     ``request``): one request in ``held_out_every`` is held out (``corpus.held_out``). ``shards``: only the
-    first N (a training run resumed on a corpus that has grown since reads what it started with)."""
+    first N (a training run resumed on a corpus that has grown since reads what it started with); ``first``: from that
+    shard on (the ones before it are not read: a run that continues earlier heads on new shards only)."""
     from tqdm import tqdm
 
     from specdec_edge.api.pipeline import Pipeline
@@ -66,6 +68,12 @@ def corpus_data(
     if shards is not None and shards > len(corpus.shards):
         raise ExportError(f"the corpus in {corpus_dir} holds {len(corpus.shards)} shards, not {shards}; grow it first.")
     chosen = corpus.shards[:shards]
+    if not 0 <= first < len(chosen):
+        raise ExportError(
+            f"--corpus-from {first} leaves no shard of the {len(chosen)} chosen from the corpus in {corpus_dir}; "
+            f"pass a shard below {len(chosen)} (or grow the corpus first)."
+        )
+    chosen = chosen[first:]
     if read_manifest(bundle).target.graph.vocab_size != corpus.identity["vocab_size"]:
         raise ExportError(f"the corpus in {corpus_dir} was written with another vocabulary than bundle {bundle}'s.")
     folder.mkdir(parents=True, exist_ok=True)

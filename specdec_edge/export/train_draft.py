@@ -68,6 +68,9 @@ class TrainSettings:
     eval_prompts: int = 24  # held-out corpus requests answered by that check
     held_out_every: int = 50  # one corpus request in this many is kept apart from training (``corpus.held_out``)
     corpus_shards: int = 0  # the corpus's first N shards (0: all): a rerun resumes on the shards it started with
+    # shards before this one are skipped: a run that continues ``init`` on the shards it has not seen yet, so that
+    # each session trains on what the corpus gained since the last (the shards are samples of one distribution)
+    corpus_from: int = 0
     init: str | Path | None = None  # a heads folder to start from (its weights and draft vocabulary), not random
 
 
@@ -84,6 +87,7 @@ class Prepared:
     final_norm: np.ndarray | None = None  # [H] the target's final norm weight, if the graph names it
     held_out: list[dict] = field(default_factory=list)  # sequences kept apart from training (a corpus's)
     corpus_shards: int = 0  # how many of the corpus's shards the data holds (0: no corpus)
+    corpus_from: int = 0  # the first of them trained on
 
 
 def prepare(target: str, out: Path, s: TrainSettings, layers: bool = False) -> Prepared:
@@ -134,14 +138,17 @@ def prepare_corpus(bundle: Path, manifest: Manifest, out: Path, s: TrainSettings
     shards = s.corpus_shards or len(Corpus.read(s.corpus).shards)  # fixed now: the generator may be adding more
     data, apart = corpus_data(
         bundle, s.corpus, out / "corpus-features", layers=layers, held_out_every=s.held_out_every,
-        threads=s.threads, progress=s.progress, shards=shards,
+        threads=s.threads, progress=s.progress, shards=shards, first=s.corpus_from,
     )  # fmt: skip
     embed, lm_head = target_weights(bundle)
     eos = manifest.tokenizer.eos_token_ids
     vocab_ids = draft_vocabulary(data, manifest.target.graph.vocab_size, s.draft_vocab, eos)
     texts = [""] * (len(data) + len(apart))  # the requests live in the corpus; only their count is reported
     final_norm = target_final_norm(bundle)
-    return Prepared(manifest, embed, lm_head, texts, data, vocab_ids, final_norm, held_out=apart, corpus_shards=shards)
+    return Prepared(
+        manifest, embed, lm_head, texts, data, vocab_ids, final_norm, held_out=apart, corpus_shards=shards,
+        corpus_from=s.corpus_from,
+    )  # fmt: skip
 
 
 def build_head(recipe: HeadRecipe, prep: Prepared, medusa_heads: int, seed: int, ttt_steps=None) -> nn.Module:
@@ -342,6 +349,7 @@ def training_summary(
         "holdout_per_category": s.holdout,
         "sequences": len(prep.data),
         **({"corpus_shards": prep.corpus_shards} if prep.corpus_shards else {}),
+        **({"corpus_from": prep.corpus_from} if prep.corpus_from else {}),
         "tokens": int(sum(len(d["ids"]) for d in prep.data)),
         "answer_tokens": s.answer_tokens,
         "draft_vocab": len(prep.vocab_ids),
@@ -438,6 +446,8 @@ def train_draft(method: str, target: str, out: str | Path, settings: TrainSettin
     folder = out / method
     folder.mkdir(exist_ok=True)
     settings = {"method": method, "config": asdict(head.cfg), "steps": len(t.plan), "lr": s.lr, "seed": s.seed}
+    if s.corpus_from:  # ... and only on the shards it began with
+        settings["corpus_from"] = s.corpus_from
     if s.init:  # a checkpoint continues only the run that started from these weights
         settings["init"] = sha256_file(Path(s.init) / "weights.safetensors")
     checkpoint = Checkpoint(folder / "checkpoint.pt", settings, prep.corpus_shards)

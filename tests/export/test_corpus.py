@@ -274,6 +274,13 @@ def test_training_continues_an_earlier_head_on_the_first_shards_it_names(tmp_pat
         train_draft("eagle", str(chatty_bundle), tmp_path / "x", **settings, corpus_shards=3)
     with pytest.raises(ExportError, match="--corpus-shards 1"):  # the corpus grew: the rerun is told what to pass
         train_draft("eagle", str(chatty_bundle), tmp_path / "a", **settings)
+    # --corpus-from: the heads continue on the shard they have not seen, and only on it
+    newer = train_draft("eagle", str(chatty_bundle), tmp_path / "n", **settings, init=first, corpus_from=1)
+    training = json.loads((newer / "config.json").read_text())["training"]
+    assert training["corpus_from"] == 1 and training["corpus_shards"] == 2
+    assert training["sequences"] == len(Corpus.read(corpus).shards[1]["records"])
+    with pytest.raises(ExportError, match="--corpus-from 2 leaves no shard of the 2"):
+        train_draft("eagle", str(chatty_bundle), tmp_path / "y", **settings, corpus_from=2)
 
     second = train_draft("eagle", str(chatty_bundle), tmp_path / "b", **dict(settings, lr=0.0), init=first)
     before, after = load_file(str(first / "weights.safetensors")), load_file(str(second / "weights.safetensors"))
