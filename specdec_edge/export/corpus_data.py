@@ -48,15 +48,14 @@ def corpus_data(
     held_out_every: int = 50,
     threads: int | None = None,
     progress: bool = True,
-    shards: int | None = None,
-    first: int = 0,
+    shards: slice = slice(None),
 ) -> tuple[list[dict], list[dict]]:
     """(training sequences, held-out sequences) of every whole shard of the corpus in ``corpus_dir``.
 
     Each carries ``bundle``'s features (``draft_data``'s sequence dicts; held-out ones also carry their
-    ``request``): one request in ``held_out_every`` is held out (``corpus.held_out``). ``shards``: only the
-    first N (a training run resumed on a corpus that has grown since reads what it started with); ``first``: from that
-    shard on (the ones before it are not read: a run that continues earlier heads on new shards only)."""
+    ``request``): one request in ``held_out_every`` is held out (``corpus.held_out``). ``shards``: which of them, by
+    index: its stop keeps the first N (a training run resumed on a corpus that has grown since reads what it started
+    with), its start skips the ones before (a run that continues earlier heads on new shards only)."""
     from tqdm import tqdm
 
     from specdec_edge.api.pipeline import Pipeline
@@ -65,9 +64,10 @@ def corpus_data(
     from specdec_edge.speculative.features import FeatureTap
 
     corpus = Corpus.read(corpus_dir)
-    if shards is not None and shards > len(corpus.shards):
-        raise ExportError(f"the corpus in {corpus_dir} holds {len(corpus.shards)} shards, not {shards}; grow it first.")
-    chosen = corpus.shards[:shards]
+    stop, first = shards.stop, shards.start or 0
+    if stop is not None and stop > len(corpus.shards):
+        raise ExportError(f"the corpus in {corpus_dir} holds {len(corpus.shards)} shards, not {stop}; grow it first.")
+    chosen = corpus.shards[:stop]
     if not 0 <= first < len(chosen):
         raise ExportError(
             f"--corpus-from {first} leaves no shard of the {len(chosen)} chosen from the corpus in {corpus_dir}; "

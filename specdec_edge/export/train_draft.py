@@ -138,7 +138,7 @@ def prepare_corpus(bundle: Path, manifest: Manifest, out: Path, s: TrainSettings
     shards = s.corpus_shards or len(Corpus.read(s.corpus).shards)  # fixed now: the generator may be adding more
     data, apart = corpus_data(
         bundle, s.corpus, out / "corpus-features", layers=layers, held_out_every=s.held_out_every,
-        threads=s.threads, progress=s.progress, shards=shards, first=s.corpus_from,
+        threads=s.threads, progress=s.progress, shards=slice(s.corpus_from, shards),
     )  # fmt: skip
     embed, lm_head = target_weights(bundle)
     eos = manifest.tokenizer.eos_token_ids
