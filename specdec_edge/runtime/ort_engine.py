@@ -113,7 +113,7 @@ class OrtEngine(CachedEngine):
             return self.run(input_ids, logits_to_keep=logits_to_keep)
         if not self.prefiller.checked:
             try:
-                self._check_prefiller(input_ids, logits_to_keep)
+                self.check_prefiller(input_ids, logits_to_keep)
             except SpecdecError:
                 if self.prefiller.required:
                     raise
@@ -122,7 +122,7 @@ class OrtEngine(CachedEngine):
         step = self.step_inputs(input_ids, None, None, logits_to_keep)
         return self.prefiller.run(self.cache, self.length, step)
 
-    def _check_prefiller(self, input_ids, logits_to_keep) -> None:
+    def check_prefiller(self, input_ids, logits_to_keep) -> None:
         """The prefiller's first pass against this engine's on the same rows (``ov_prefill.check_against``); both
         write only the uncommitted slots the pass is for."""
         self.prefiller.compile()

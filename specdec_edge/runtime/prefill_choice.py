@@ -45,7 +45,7 @@ def measure_prefill(engine, rows: int = ROWS, rounds: int = ROUNDS) -> dict:
     ids = np.random.default_rng(0).integers(0, engine.vocab_size, size=rows)
     engine.reset()
     try:
-        engine._check_prefiller(ids, 1)  # both run once (warm-up), and the K/V are checked
+        engine.check_prefiller(ids, 1)  # both run once (warm-up), and the K/V are checked
         times: dict[str, list[float]] = {"onnxruntime": [], "openvino": []}
         for _ in range(rounds):
             start = time.perf_counter()
