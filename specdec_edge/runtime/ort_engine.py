@@ -20,7 +20,8 @@ import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import PREFILL_CHUNK, CachedEngine, StepOutput, pad_step
+from specdec_edge.runtime.base import PREFILL_CHUNK, CachedEngine, StepInputs, StepOutput, pad_step
+from specdec_edge.runtime.chain_inputs import ChainInputs
 from specdec_edge.runtime.ov_prefill import check_against
 from specdec_edge.runtime.sessions import attention_rows, bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
@@ -55,6 +56,9 @@ class OrtEngine(CachedEngine):
         self._out_buffers: dict = {}
         self._bound: tuple | None = None  # ((seq, keep), the host outputs bound for them): kept bound while they repeat
         self._keep_values: dict = {}  # keep -> its int64 [1] input
+        self._keep_bound: int | None = None  # the keep whose input is bound now
+        self._chains = ChainInputs(spec.capacity)  # reused inputs of decode and chain-verify passes
+        self._chain_bound: int | None = None  # the width whose ids/positions buffers are bound now, or None
         self._cache_values = []
         for layer in range(spec.num_layers):
             for k, kind in enumerate(("key", "value")):
@@ -76,16 +80,12 @@ class OrtEngine(CachedEngine):
         than ``min_width`` runs padded to it (``runtime.base.pad_step``), so every token goes through
         the same kernels whether it is decoded alone or verified among draft tokens.
         """
-        step = self.step_inputs(input_ids, position_ids, attention_bias, logits_to_keep)
-        seq, keep = step.ids.shape[1], step.keep
-        if seq < self.min_width:
-            step = pad_step(step, self.min_width, self.length)
-        self.binding.bind_cpu_input("input_ids", step.ids)
-        self.binding.bind_cpu_input("position_ids", step.positions)
+        step, seq, keep = self._inputs(input_ids, position_ids, attention_bias, logits_to_keep)
         self.binding.bind_cpu_input("attention_bias", step.bias)
-        if step.keep not in self._keep_values:
-            self._keep_values[step.keep] = np.array([step.keep], dtype=np.int64)
-        self.binding.bind_cpu_input("logits_to_keep", self._keep_values[step.keep])
+        if step.keep != self._keep_bound:  # decoding keeps one count: bound while it repeats
+            self._keep_values.setdefault(step.keep, np.array([step.keep], dtype=np.int64))
+            self.binding.bind_cpu_input("logits_to_keep", self._keep_values[step.keep])
+            self._keep_bound = step.keep
         shape = (step.ids.shape[1], step.keep)
         if self._bound is None or self._bound[0] != shape:  # decoding repeats one shape: its outputs stay bound
             self._bound = shape, bind_host_outputs(self.binding, self._out_buffers, self.graph, *shape)
@@ -96,6 +96,35 @@ class OrtEngine(CachedEngine):
             None if hidden is None else hidden[0, :seq],
             None if layers is None else layers[0, :seq],
         )
+
+    # Chains up to this wide (decode steps, verified drafts) take their inputs from reused buffers (``_inputs``).
+    CHAIN_BUFFER_ROWS = 16
+
+    def _inputs(self, input_ids, position_ids, attention_bias, logits_to_keep) -> tuple[StepInputs, int, int]:
+        """The pass's inputs padded to ``min_width`` rows, its real rows and real logits rows; ids and positions
+        bound. A causal chain up to ``CHAIN_BUFFER_ROWS`` wide is written into reused buffers (``ChainInputs``,
+        bound once per width); other passes (trees, prefill chunks, a full cache) are built by ``step_inputs``."""
+        ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
+        seq, past = len(ids), self.length
+        width = max(seq, self.min_width)
+        chain = position_ids is None and attention_bias is None and 0 < seq and width <= self.CHAIN_BUFFER_ROWS
+        if not chain or past + seq > self.capacity:
+            step = self.step_inputs(ids, position_ids, attention_bias, logits_to_keep)
+            keep = step.keep
+            if seq < self.min_width:
+                step = pad_step(step, self.min_width, past)
+            self.binding.bind_cpu_input("input_ids", step.ids)
+            self.binding.bind_cpu_input("position_ids", step.positions)
+            self._chain_bound = None
+            return step, seq, keep
+        keep = seq if logits_to_keep is None else max(1, min(int(logits_to_keep), seq))
+        self._ran = (past, ids)  # what ``step_inputs`` records for ``commit``
+        step = self._chains.fill(ids, past, width, keep)
+        if self._chain_bound != width:
+            self.binding.bind_cpu_input("input_ids", step.ids)
+            self.binding.bind_cpu_input("position_ids", step.positions)
+            self._chain_bound = width
+        return step, seq, keep
 
     # Another runtime for prefill passes (``runtime/ov_prefill.py``; ``api/engines.py`` attaches it), or None.
     prefiller = None
