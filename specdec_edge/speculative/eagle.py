@@ -103,7 +103,14 @@ class EagleProposer(Proposer):
         )
         self.length = n - 1
         self.fed.extend(int(t) for t in context[len(self.fed) : n])
-        # 2. Grow the tree: node = (token, parent, score, depth, input feature); expanded nodes get a slot.
+        # 2. Grow the tree from the last slot's output
+        if self.topk == 1:
+            return self._chain(n, k, hidden[-1:], logp[0], top[0])
+        return self._tree(n, k, hidden[-1], logp[0], top[0])
+
+    def _tree(self, n: int, k: int, feature: np.ndarray, logp: np.ndarray, top: np.ndarray) -> Proposal:
+        """EAGLE-2's dynamic tree from the last true slot's output ``feature`` [H] and its ``topk`` best tokens."""
+        # node = (token, parent, score, depth, input feature); expanded nodes get a slot.
         tokens, parents, scores, depths, feats = [], [], [], [], []
 
         def add_children(parent, depth, base, feat, lp, ids):
@@ -114,7 +121,7 @@ class EagleProposer(Proposer):
                 depths.append(depth)
                 feats.append(feat)
 
-        add_children(-1, 1, 0.0, hidden[-1], logp[0], top[0])
+        add_children(-1, 1, 0.0, feature, logp, top)
         slot = {}  # expanded node -> head slot
         for depth in range(1, min(k, self.depth or k)):
             level = [i for i in range(len(tokens)) if depths[i] == depth]
@@ -152,6 +159,25 @@ class EagleProposer(Proposer):
             parents=np.array([index.get(parents[i], -1) for i in kept], dtype=np.int64),
             source=self.source,
             confidence=np.exp([scores[i] for i in kept]),  # the head's probability of each node's whole path
+        )
+
+    def _chain(self, n: int, k: int, feature: np.ndarray, logp: np.ndarray, top: np.ndarray) -> Proposal:
+        """``topk`` 1: the tree is a chain of the head's best tokens, each fed back one row a pass (what the tree
+        code grows for topk 1, without its bookkeeping). ``feature`` [1, H] is the last true slot's output."""
+        tokens, scores = [int(top[0])], [float(logp[0])]
+        for depth in range(1, min(k, self.depth or k, self.nodes)):
+            past = self.length + depth - 1  # the chain's earlier nodes fill slots length..past-1: all seen
+            if past + 1 > self.keys.shape[1]:
+                break
+            bias = np.zeros((1, 1, 1, past + 1), dtype=np.float32)
+            feature, lp, ids = self._run(self._drafted(feature), tokens[-1:], [n - 2 + depth], bias, [0])
+            tokens.append(int(ids[0, 0]))
+            scores.append(scores[-1] + float(lp[0, 0]))
+        return Proposal(
+            np.array(tokens, dtype=np.int64),
+            parents=np.arange(-1, len(tokens) - 1, dtype=np.int64),
+            source=self.source,
+            confidence=np.exp(scores),
         )
 
 

@@ -214,6 +214,26 @@ def test_heads_greedy_equals_plain(plain, method, k, options):
     assert_greedy_equals_plain(plain, plain.with_method(method, k=k, **options))
 
 
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_eagle_chain_grows_what_the_tree_code_grows_at_topk_1(plain, nodes):
+    chain = plain.with_method("eagle", k=4, topk=1, nodes=nodes, depth=4)
+    proposer = chain.decoder.proposer
+    grow, pairs = proposer._chain, []
+
+    def both(n, k, feature, logp, top):
+        want = proposer._tree(n, k, feature[-1], logp, top)  # the general code, on the same head state
+        pairs.append((grow(n, k, feature, logp, top), want))
+        return pairs[-1][0]
+
+    proposer._chain = both
+    assert chain.generate("the quick brown fox jumps over the lazy dog", max_new_tokens=24).token_ids
+    assert len(pairs) > 3 and max(len(got.tokens) for got, _ in pairs) == nodes
+    for got, want in pairs:
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(got.parents, want.parents)
+        np.testing.assert_array_equal(got.confidence, want.confidence)
+
+
 def test_medusa_typical_is_exact_when_greedy_and_labelled_lossy_by_bench(plain):
     from specdec_edge.bench.spec_bench import BenchPrompt, run_bench, to_markdown
 
