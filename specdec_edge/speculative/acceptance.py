@@ -212,11 +212,17 @@ class AcceptanceRule(ABC):
         """
 
 
+NO_PATH = np.zeros(0, dtype=np.int64)  # no draft token accepted
+NO_PATH.flags.writeable = False
+
+
 class ExactAcceptance(AcceptanceRule):
     """The exact rules: greedy prefix/branch match, or rejection sampling (chains and trees)."""
 
     def __call__(self, proposal, logits, params, rng):
         tokens = np.asarray(proposal.tokens, dtype=np.int64)
+        if params.greedy and not len(tokens):  # a plain step: the pending token's argmax
+            return NO_PATH, int(np.argmax(logits[0]))
         if proposal.parents is not None:
             if params.greedy:
                 return accept_tree_greedy(tokens, proposal.parents, logits)

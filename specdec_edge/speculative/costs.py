@@ -26,9 +26,18 @@ class CostModel:
     measured_s: float = 0.0  # how long measuring took
 
     def verify(self, width: int, context: int) -> float:
-        """Seconds of one target pass of ``width`` rows after ``context`` tokens (interpolated, clamped)."""
-        by_width = [np.interp(width, self.widths, row) for row in self.seconds]
-        return float(np.interp(context, self.contexts, by_width))
+        """Seconds of one target pass of ``width`` rows after ``context`` tokens (interpolated, clamped).
+
+        ``auto`` asks this for a handful of widths a dozen times a step at one context: the answers at the
+        last context asked are kept (``_at``), as interpolating costs more than the rest of a choice."""
+        at = getattr(self, "_at", None)
+        if at is None or at[0] != context:
+            at = self._at = (context, {})
+        seconds = at[1].get(width)
+        if seconds is None:
+            by_width = [np.interp(width, self.widths, row) for row in self.seconds]
+            seconds = at[1][width] = float(np.interp(context, self.contexts, by_width))
+        return seconds
 
     def curve(self, context: int | None = None) -> list[tuple[int, float]]:
         """(width, cost relative to a 1-row pass) at ``context`` (default: the shortest measured)."""

@@ -121,7 +121,7 @@ class FeatureTap(HeldIds):
         if self.held is not None and len(self.held) > self.length:  # the engine was rolled back by another tap
             del self.held[self.length :]
         ids = self._kept_ids(n, path)
-        rows = np.arange(n) if path is None else np.asarray(path, dtype=np.int64)[:n]
+        rows = slice(0, n) if path is None else np.asarray(path, dtype=np.int64)[:n]
         start = self.engine.length
         self.features[start : start + n] = self._hidden[rows]
         if self.layer_features is not None:

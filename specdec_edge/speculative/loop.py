@@ -133,7 +133,7 @@ def decode(
         path, token = rule(proposal, logits, params, rng)  # path: accepted nodes, indices into the proposal
         n = len(path)
         proposer.observe(proposal, logits, hidden)
-        emitted = [*map(int, proposal.tokens[path]), token]
+        emitted = [*map(int, proposal.tokens[path]), token] if n else [token]
         finish = None
         eos_at = next((i for i, t in enumerate(emitted) if t in eos_ids), None)
         if eos_at is not None:
@@ -147,7 +147,8 @@ def decode(
         proposer.commit(context)
         t4 = time.perf_counter()
         if params.greedy:
-            rows = np.concatenate([[0], path + 1])[: len(emitted)]  # the logits each emitted token came from
+            # the logits each emitted token came from: a chain's first rows, a tree's accepted nodes
+            rows = range(len(emitted)) if proposal.parents is None else np.concatenate([[0], path + 1])[: len(emitted)]
             ties, gap = near_ties(logits, rows, emitted)  # greedy: each emitted token is its row's argmax
             if ties:
                 stats.near_ties += ties
@@ -189,14 +190,21 @@ def verify(target: Engine, pending: int, proposal: Proposal) -> tuple[np.ndarray
     as the engine gave them (float32; its reused buffers: valid until the target's next run, which
     is the next step). A chain runs causally; a tree gets tree positions and an ancestor-only bias.
     """
-    ids = np.concatenate([[pending], np.asarray(proposal.tokens, dtype=np.int64)])
-    if proposal.parents is None:
+    ids = (
+        np.concatenate([[pending], np.asarray(proposal.tokens, dtype=np.int64)]) if len(proposal.tokens) else [pending]
+    )
+    if proposal.parents is None or is_chain(proposal.parents):  # (a chain-shaped tree's inputs are a chain's)
         out = target.run(ids)
     else:
         positions, bias = tree_inputs(np.concatenate([[-1], proposal.parents + 1]), target.length)
         out = target.run(ids, positions, bias)
     hidden = None if out.hidden_states is None else np.asarray(out.hidden_states, dtype=np.float32)
     return np.asarray(out.logits, dtype=np.float32), hidden
+
+
+def is_chain(parents: np.ndarray) -> bool:
+    """Whether tree ``parents`` (-1: a child of the pending token) form one chain: node i under node i-1."""
+    return bool(np.array_equal(parents, np.arange(-1, len(parents) - 1)))
 
 
 def near_ties(logits: np.ndarray, rows=None, tops=None) -> tuple[int, float]:
