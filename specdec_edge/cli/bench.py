@@ -101,7 +101,8 @@ def bench(
 
     Prompts run one by one, plain then each method, so load affects all alike. Every
     method's greedy output must equal plain's; where it does not, the prompt and the first
-    differing token are listed (never silent). Prints the Markdown table. Lossy methods
+    differing token are listed (never silent). Prints the Markdown table: a row per category, "open text"
+    (writing, roleplay, reasoning, stem and humanities together, where two or more ran) and "overall". Lossy methods
     (medusa-typical) are marked "(lossy)". Methods run as chat, generate and serve run them: what
     this device's exactness verdict refuses is skipped, unless --allow-inexact (marked "(inexact)").
 

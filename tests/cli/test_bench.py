@@ -163,3 +163,24 @@ def test_bench_shows_auto_choices_and_step_costs(tiny_bundle, prompts_file, tmp_
     table = md.read_text()
     assert "Step costs measured on this device" in table and "relative cost by width" in table
     assert report["results"]["auto"][OVERALL]["identical_output_rate"] == 1.0
+
+
+def test_bench_adds_an_open_text_row_over_those_categories(tiny_bundle):
+    from specdec_edge import Pipeline
+    from specdec_edge.bench.spec_bench import OPEN_TEXT, BenchPrompt, run_bench, to_markdown
+
+    pipe = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    prompts = [
+        BenchPrompt(1, "writing", ["write about the quick brown fox"]),
+        BenchPrompt(2, "roleplay", ["you are a fox; tell me about your day"]),
+        BenchPrompt(3, "rag", ["the fox jumps. the fox jumps. what does the fox do?"]),
+    ]
+    report = run_bench(pipe, ["plain", "pld"], prompts, max_new_tokens=8, progress=False)
+    for rows in report["results"].values():
+        assert list(rows) == ["writing", "roleplay", "rag", OPEN_TEXT, OVERALL]
+        together = rows["writing"]["prefilled_tokens"] + rows["roleplay"]["prefilled_tokens"]
+        assert rows[OPEN_TEXT]["prefilled_tokens"] == together < rows[OVERALL]["prefilled_tokens"]
+    assert report["meta"]["prompts_per_category"] == {"writing": 1, "roleplay": 1, "rag": 1}
+    assert f"| {OPEN_TEXT} | pld |" in to_markdown(report)
+    alone = run_bench(pipe, ["plain"], prompts[1:], max_new_tokens=8, progress=False)  # one such category: no row
+    assert list(alone["results"]["plain"]) == ["roleplay", "rag", OVERALL]
