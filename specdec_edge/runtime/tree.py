@@ -40,6 +40,11 @@ def tree_inputs(parents, past: int) -> tuple[np.ndarray, np.ndarray]:
     return positions, bias
 
 
+def is_chain(parents: np.ndarray) -> bool:
+    """Whether tree ``parents`` (-1: a child of the pending token) form one chain: node i under node i-1."""
+    return np.asarray(parents).tolist() == list(range(-1, len(parents) - 1))
+
+
 def path_to(parents, node: int) -> list[int]:
     """Node indices from the root down to ``node`` (inclusive)."""
     path = []

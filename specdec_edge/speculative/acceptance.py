@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.tree import path_to
+from specdec_edge.runtime.tree import is_chain, path_to
 from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.proposal import Proposal
 
@@ -223,7 +223,7 @@ class ExactAcceptance(AcceptanceRule):
         tokens = np.asarray(proposal.tokens, dtype=np.int64)
         if params.greedy and not len(tokens):  # a plain step: the pending token's argmax
             return NO_PATH, int(np.argmax(logits[0]))
-        if proposal.parents is not None:
+        if proposal.parents is not None and not (params.greedy and is_chain(proposal.parents)):
             if params.greedy:
                 return accept_tree_greedy(tokens, proposal.parents, logits)
             return accept_tree_sampling(tokens, proposal.parents, probs_from_logits(logits, params), rng)

@@ -9,9 +9,19 @@ several 1-row passes, on a GPU about one. So it is measured, not assumed.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
+
+def interp(x: float, xs: list, ys: list) -> float:
+    """``np.interp`` at one point (linear between the measured points, clamped at the ends), in plain Python:
+    numpy's per-call cost is most of it for a handful of points."""
+    if x <= xs[0]:
+        return float(ys[0])
+    if x >= xs[-1]:
+        return float(ys[-1])
+    j = bisect_right(xs, x) - 1
+    return float((ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) * (x - xs[j]) + ys[j])
 
 
 @dataclass
@@ -35,8 +45,8 @@ class CostModel:
             at = self._at = (context, {})
         seconds = at[1].get(width)
         if seconds is None:
-            by_width = [np.interp(width, self.widths, row) for row in self.seconds]
-            seconds = at[1][width] = float(np.interp(context, self.contexts, by_width))
+            by_width = [interp(width, self.widths, row) for row in self.seconds]
+            seconds = at[1][width] = interp(context, self.contexts, by_width)
         return seconds
 
     def curve(self, context: int | None = None) -> list[tuple[int, float]]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import Engine, prefill  # noqa: F401 (prefill: its home for the proposers)
-from specdec_edge.runtime.tree import tree_inputs
+from specdec_edge.runtime.tree import is_chain, tree_inputs
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
 from specdec_edge.speculative.history_store import HistoryStore
@@ -200,11 +200,6 @@ def verify(target: Engine, pending: int, proposal: Proposal) -> tuple[np.ndarray
         out = target.run(ids, positions, bias)
     hidden = None if out.hidden_states is None else np.asarray(out.hidden_states, dtype=np.float32)
     return np.asarray(out.logits, dtype=np.float32), hidden
-
-
-def is_chain(parents: np.ndarray) -> bool:
-    """Whether tree ``parents`` (-1: a child of the pending token) form one chain: node i under node i-1."""
-    return bool(np.array_equal(parents, np.arange(-1, len(parents) - 1)))
 
 
 def near_ties(logits: np.ndarray, rows=None, tops=None) -> tuple[int, float]:

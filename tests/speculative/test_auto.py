@@ -474,3 +474,15 @@ def test_costs_in_a_read_only_or_blocked_cache_are_measured_and_used(tmp_path, m
         )
     finally:
         (cache / "costs").chmod(0o700)
+
+
+def test_cost_lookups_interpolate_like_numpy_at_every_context():
+    rng = np.random.default_rng(1)
+    contexts = [64, 512, 1500]
+    seconds = [sorted(rng.uniform(0.004, 0.05, len(WIDTHS)).tolist()) for _ in contexts]
+    model = CostModel(list(WIDTHS), contexts, seconds)
+    for context in (10, 64, 100, 100, 512, 700, 1500, 4000, 100):  # repeats and returns: the kept answers
+        for width in (0.5, 1, 1.5, 2, 3, 7.25, WIDTHS[-1], WIDTHS[-1] + 5, 2):
+            by_width = [np.interp(width, WIDTHS, row) for row in seconds]
+            want = float(np.interp(context, contexts, by_width))
+            assert model.verify(width, context) == pytest.approx(want, rel=1e-12, abs=0)

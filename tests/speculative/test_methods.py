@@ -245,3 +245,29 @@ def test_compaction_continues_like_a_plain_chain(plain):
         assert out == reference
         assert stats.accepted >= len(reference) - stats.steps  # nearly every right branch was taken
         assert stats.steps < len(reference)
+
+
+def test_find_match_agrees_with_comparing_every_window():
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from specdec_edge.speculative.lookup import find_match
+
+    def every_window(tokens, max_ngram, min_ngram):  # the definition: the latest window equal to the tail n-gram
+        length = len(tokens)
+        for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+            hits = np.flatnonzero((sliding_window_view(tokens[: length - 1], n) == tokens[length - n :]).all(axis=1))
+            if len(hits):
+                return int(hits[-1] + n), n
+        return length, 0
+
+    rng = np.random.default_rng(0)
+    found = 0
+    for _ in range(3000):
+        vocab = int(rng.choice([2, 3, 5, 50]))
+        tokens = rng.integers(0, vocab, int(rng.integers(0, 40)))
+        max_ngram = int(rng.integers(1, 6))
+        min_ngram = int(rng.integers(1, max_ngram + 1))
+        want = every_window(tokens, max_ngram, min_ngram)
+        assert find_match(tokens, max_ngram, min_ngram) == want, (tokens.tolist(), max_ngram, min_ngram)
+        found += want[1] > 0
+    assert 1000 < found < 3000  # both outcomes were exercised
