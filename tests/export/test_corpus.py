@@ -297,3 +297,16 @@ def test_training_continues_an_earlier_head_on_the_first_shards_it_names(tmp_pat
     np.testing.assert_array_equal(before["vocab_ids"], moved["vocab_ids"])
     with pytest.raises(ExportError, match="holds eagle heads, not medusa"):
         train_draft("medusa", str(chatty_bundle), tmp_path / "m", **settings, init=first)
+
+
+def test_held_out_prompts_are_a_shards_requests_as_bench_reads_them(tmp_path, grown):
+    from benchmarks.heldout_prompts import heldout_prompts, write_jsonl
+    from specdec_edge.bench.spec_bench import load_prompts
+
+    corpus = Corpus.read(grown)
+    requests = [request for request, _, _ in corpus.records(corpus.shards[0])]
+    out = write_jsonl(heldout_prompts(grown, 0, 2), tmp_path / "heldout.jsonl")
+    prompts = load_prompts(out, n_per_category=5)
+    assert [list(p.turns) for p in prompts] == [[r] for r in requests[:2]] and {p.category for p in prompts} == {"heldout"}
+    with pytest.raises(Exception, match="has no shard 7"):
+        heldout_prompts(grown, 7, 2)
