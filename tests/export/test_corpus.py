@@ -307,6 +307,7 @@ def test_held_out_prompts_are_a_shards_requests_as_bench_reads_them(tmp_path, gr
     requests = [request for request, _, _ in corpus.records(corpus.shards[0])]
     out = write_jsonl(heldout_prompts(grown, 0, 2), tmp_path / "heldout.jsonl")
     prompts = load_prompts(out, n_per_category=5)
-    assert [list(p.turns) for p in prompts] == [[r] for r in requests[:2]] and {p.category for p in prompts} == {"heldout"}
+    assert [list(p.turns) for p in prompts] == [[r] for r in requests[:2]]
+    assert {p.category for p in prompts} == {"heldout"}
     with pytest.raises(Exception, match="has no shard 7"):
         heldout_prompts(grown, 7, 2)
