@@ -33,12 +33,13 @@ class ChainInputs:
         self._buffers: dict[int, tuple] = {}  # width -> (ids [1, W], positions [1, W], flat bias)
         self._shapes: dict[tuple, tuple] = {}  # (seq, width) -> (positions' offsets [W], bias block [W, W])
 
-    def buffers(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ids and positions buffers of ``width``-row passes (fixed: bind them once per width)."""
+    def _buffer(self, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The buffers of ``width``-row passes: ids and positions (the same arrays every time: bound once per
+        width) and a flat bias as long as the widest bias of that width."""
         if width not in self._buffers:
             flat = np.empty(width * (self.slots + width), np.float32)
             self._buffers[width] = (np.zeros((1, width), np.int64), np.zeros((1, width), np.int64), flat)
-        return self._buffers[width][:2]
+        return self._buffers[width]
 
     def fill(self, ids: np.ndarray, past: int, width: int, keep: int) -> StepInputs:
         """The inputs of ``ids`` ([S] int64, S <= width) after ``past`` slots, padded to ``width`` rows, keeping
@@ -48,8 +49,7 @@ class ChainInputs:
             offsets = np.minimum(np.arange(width), seq - 1)  # padding rows repeat the last real position
             self._shapes[seq, width] = (offsets, new_slots_block(seq, width))
         offsets, block = self._shapes[seq, width]
-        self.buffers(width)
-        id_buf, positions, flat = self._buffers[width]
+        id_buf, positions, flat = self._buffer(width)
         id_buf[0, :seq] = ids
         id_buf[0, seq:] = 0
         np.add(offsets, past, out=positions[0])
