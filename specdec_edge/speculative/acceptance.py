@@ -52,10 +52,11 @@ def accept_greedy(draft_tokens: np.ndarray, target_logits: np.ndarray) -> tuple[
     draft_tokens = np.asarray(draft_tokens)
     target_logits = np.asarray(target_logits)
     k = _check_shapes(draft_tokens, target_logits)
-    target_tokens = np.argmax(target_logits, axis=-1)  # [k+1]
-    mismatches = np.flatnonzero(draft_tokens != target_tokens[:k])
-    n_accepted = int(mismatches[0]) if mismatches.size else k
-    return n_accepted, int(target_tokens[n_accepted])
+    for i in range(k):  # row by row: the rows after the first miss are never read (each is vocabulary-wide)
+        token = int(target_logits[i].argmax())
+        if token != draft_tokens[i]:
+            return i, token
+    return k, int(target_logits[k].argmax())
 
 
 def accept_sampling(

@@ -256,3 +256,15 @@ def test_typical_acceptance_is_lossy():
     exact = [accept_tree_sampling(np.array([1]), np.array([-1]), p, make_rng(s)) for s in range(2000)]
     share = np.mean([len(path) == 1 for path, _ in exact])
     assert abs(share - 0.15) < 0.03
+
+
+def test_greedy_rule_equals_the_argmax_of_every_row_with_ties():
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        k = int(rng.integers(0, 6))
+        logits = rng.integers(0, 3, (k + 1, 7)).astype(np.float32)  # few values: ties are common
+        best = logits.argmax(axis=-1)
+        draft = np.where(rng.random(k) < 0.7, best[:k], rng.integers(0, 7, k))
+        miss = np.flatnonzero(draft != best[:k])
+        n = int(miss[0]) if miss.size else k
+        assert accept_greedy(draft, logits) == (n, int(best[n]))
