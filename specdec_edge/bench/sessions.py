@@ -34,7 +34,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specdec_edge.bench.spec_bench import BenchSettings, load_prompts, model_name, plot_bars, versions
+from specdec_edge.bench.spec_bench import (
+    BenchSettings,
+    load_average,
+    load_prompts,
+    machine,
+    machine_line,
+    model_name,
+    plot_bars,
+    versions,
+)
 from specdec_edge.errors import SpecdecError
 from specdec_edge.speculative.history import DEFAULT_HISTORY_MB, HistoryStore
 from specdec_edge.speculative.methods import METHODS
@@ -222,6 +231,7 @@ def run_sessions(
     row, the reference too, send those instead of building the conversation from the reference's answers (the
     same prompts on another bundle). The report's ``requests`` holds what each session's rows sent."""
     s = replace(settings or BenchSettings(), **keywords)
+    load_start = load_average()
     max_new_tokens, k, options = s.max_new_tokens, s.k, s.options
     if not pipeline.tokenizer.has_chat_template:
         raise SpecdecError("--sessions needs a bundle with a chat template (sessions are conversations).")
@@ -262,6 +272,8 @@ def run_sessions(
         "method_options": {m: p.options for m, p in pipes.items() if p.options},
         "exactness": pipeline.describe_exactness(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "load_average_start_end": [load_start, load_average()],
         "versions": versions(),
         **(meta or {}),
     }
@@ -342,6 +354,7 @@ def sessions_markdown(report: dict) -> str:
         + ". Whole = the session's calls end to end; first text = time to the first streamed text; decode tok/s "
         "and first text 'later' are over turns 2+; 'vs none' = turns 2+'s first text over the same method's "
         "without reuse.",
+        *filter(None, [machine_line(meta)]),
         "",
         "| session | row | whole s | vs plain | vs auto | first text t1 s | later s | vs none | decode tok/s "
         "later | reused / prefilled | identical |",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -174,6 +175,7 @@ def run_bench(
     Lossy methods (the registry's ``Method.lossy``) are listed under ``meta["lossy_methods"]`` and marked "(lossy)".
     """
     s = replace(settings or BenchSettings(), **keywords)
+    load_start = load_average()
     pipes, skipped = {}, {}
     for m in check_methods(methods):
         try:
@@ -201,7 +203,8 @@ def run_bench(
         for m in pipes
     }
     per_category = {c: len(ids) for c, ids in groups.items() if c not in (OPEN_TEXT, OVERALL)}
-    info = _meta(pipeline, pipes, s, as_text, per_category, meta)
+    load = {"load_average_start_end": [load_start, load_average()]}  # what else ran meanwhile, beside the figures
+    info = _meta(pipeline, pipes, s, as_text, per_category, {**load, **(meta or {})})
     return {
         "meta": info,
         "results": results,
@@ -262,6 +265,7 @@ def _meta(pipeline, pipes: dict, s: BenchSettings, as_text: bool, per_category: 
         "prefill": prefill_name(pipeline.engines.target),
         "prompts_per_category": per_category,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
         "versions": versions(),
         **(meta or {}),
     }
@@ -359,6 +363,34 @@ def _aggregate(runs: list[Run], plain: list[Run], comparable: bool = True) -> di
     }
 
 
+def machine() -> dict:
+    """The machine a report's figures belong to: CPU model, its kernel-relevant instruction set features, the CPUs
+    the OS shows, the architecture (speeds compare only within one machine)."""
+    from specdec_edge.runtime.device import cpu_features, cpu_name
+
+    return {"cpu": cpu_name(), "isa": cpu_features(), "cpus": os.cpu_count(), "arch": platform.machine()}
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): beside every figure, what else the machine ran."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_line(meta: dict) -> str | None:
+    """ "Machine: ..." for a report's header, from ``meta["machine"]`` and its load averages (None without them)."""
+    m = meta.get("machine")
+    if not m:
+        return None
+    line = f"Machine: {m['cpu']} ({m['arch']}; {', '.join(m['isa']) or 'no listed features'}), {m['cpus']} CPUs"
+    load = meta.get("load_average_start_end") or [None, None]
+    if None not in load:
+        line += f"; load average {load[0]:.2f} at start, {load[1]:.2f} at end"
+    return line + "."
+
+
 def versions() -> dict:
     """Versions of the packages that decide the speed."""
     out = {"specdec_edge": __version__, "python": platform.python_version(), "platform": platform.platform()}
@@ -407,6 +439,7 @@ def to_markdown(report: dict) -> str:
         f"{meta['date']}. Tokens/s over whole calls incl. prefill; decode tok/s excludes prefill.",
         f"Speedup baseline: {meta.get('baseline', 'plain decoding on the same engines')}.",
         f"Prompts: {meta.get('prompt_format', CHAT_FORMAT)}.",
+        *filter(None, [machine_line(meta)]),
         "",
         "| category | method | tok/s | decode tok/s | prefill s | speedup | tokens/pass | acceptance "
         "| identical | near-ties | reused / prefilled tokens |",

@@ -105,6 +105,8 @@ def bench(
     (writing, roleplay, reasoning, stem and humanities together, where two or more ran) and "overall". Lossy methods
     (medusa-typical) are marked "(lossy)". Methods run as chat, generate and serve run them: what
     this device's exactness verdict refuses is skipped, unless --allow-inexact (marked "(inexact)").
+    The report names the machine (CPU, instruction set features, CPUs) and the load average at its start and
+    end: compare speeds only within one machine and one quiet run.
 
     \b
     Examples:

@@ -184,3 +184,30 @@ def test_bench_adds_an_open_text_row_over_those_categories(tiny_bundle):
     assert f"| {OPEN_TEXT} | pld |" in to_markdown(report)
     alone = run_bench(pipe, ["plain"], prompts[1:], max_new_tokens=8, progress=False)  # one such category: no row
     assert list(alone["results"]["plain"]) == ["roleplay", "rag", OVERALL]
+
+
+def test_bench_report_names_its_machine_and_load(tiny_bundle):
+    import os
+
+    from specdec_edge import Pipeline
+    from specdec_edge.bench.spec_bench import BenchPrompt, run_bench, to_markdown
+    from specdec_edge.runtime.device import cpu_features, cpu_name
+
+    pipe = Pipeline.load(tiny_bundle, method="plain", threads=1)
+    report = run_bench(pipe, ["plain"], [BenchPrompt(1, "qa", ["what is a fox?"])], max_new_tokens=4, progress=False)
+    meta = report["meta"]
+    assert meta["machine"] == {
+        "cpu": cpu_name(),
+        "isa": cpu_features(),
+        "cpus": os.cpu_count(),
+        "arch": os.uname().machine,
+    }
+    start, end = meta["load_average_start_end"]
+    assert isinstance(start, float) and isinstance(end, float) and start >= 0 and end >= 0
+    header = to_markdown(report).splitlines()[3]
+    assert (
+        header.startswith(f"Machine: {cpu_name()} (")
+        and f"load average {start:.2f} at start, {end:.2f} at end" in header
+    )
+    del meta["machine"]  # a report written before machines were recorded still renders, without the line
+    assert "Machine:" not in to_markdown(report)

@@ -80,6 +80,9 @@ def test_bench_sessions_on_the_tiny_bundle(roomy_bundle, tmp_path):
     assert summary["turns"] == 5 and summary["speedup_vs_auto"] == 1.0
     table = md.read_text()
     assert table in res.output and "| document (1) | auto none |" in table and "Per turn" in table
+    start, end = report["meta"]["load_average_start_end"]  # the machine and its load, beside the figures
+    assert f"load average {start:.2f} at start, {end:.2f} at end" in table.splitlines()[1]
+    assert report["meta"]["machine"]["cpus"] >= 1 and report["meta"]["machine"]["cpu"] in table
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
