@@ -121,6 +121,29 @@ def eagle_unroll(head: EagleHead, seqs: list[dict], batch_tokens: int):
         past_k, past_v, hidden = torch.cat([past_k, k], 1), torch.cat([past_v, v], 1), out[0]
 
 
+def answer_top1(head: torch.nn.Module, seqs: list[dict], batch_tokens: int) -> tuple[int, int]:
+    """(slots agreeing, slots) of the first draft step's top-1 with the target's over the answers' slots only: slot
+    i >= answer start - 1, the slots drafting reads at run time (the losses' agreement also counts the prompts'
+    slots, where a fixed system prompt is easy). EAGLE and EAGLE-3 heads; (0, 0) for others."""
+    if isinstance(head, Eagle3Head):
+        logp, target_logp, valid = next(eagle3_unroll(head, seqs, batch_tokens))
+        agree = logp.argmax(-1) == target_logp.argmax(-1)
+    elif isinstance(head, EagleHead):
+        pred, f_next, valid = next(eagle_unroll(head, seqs, batch_tokens))
+        agree = head.target.logits(pred).argmax(-1) == head.target.logits(f_next).argmax(-1)
+    else:
+        return 0, 0
+    answers = torch.cat([_answer_slots(d, batch_tokens) for d in seqs]) & valid
+    return int(agree[answers].sum()), int(answers.sum())
+
+
+def _answer_slots(d: dict, batch_tokens: int) -> torch.Tensor:
+    """[T-1] bool over a sequence's slots as the losses pack it (its last ``batch_tokens`` tokens): the answer's."""
+    T = min(len(d["ids"]), batch_tokens)
+    start = min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)  # the answer's first token
+    return torch.arange(T - 1) >= start - 1
+
+
 def eagle3_loss(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
     """Packed sequences, ``ttt_steps`` unrolled draft steps: (loss, draft top-1 agreement at step 0)."""
     loss, agree = 0.0, 0.0

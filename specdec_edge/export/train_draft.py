@@ -34,6 +34,7 @@ from specdec_edge.bundle.write import disk_errors, prepare_out_dir
 from specdec_edge.errors import ExportError
 from specdec_edge.export.draft_data import batches, draft_vocabulary, generate_data, load_prompt_texts, prepare_bundle
 from specdec_edge.export.head_export import target_final_norm, target_weights
+from specdec_edge.export.head_losses import answer_top1
 from specdec_edge.export.head_modules import Eagle3Head, FrozenTarget
 from specdec_edge.export.head_recipes import HEAD_METHODS, RECIPES, HeadRecipe
 from specdec_edge.export.heads_folder import checked_weights, read_head_config, save_heads, trainable_state
@@ -368,7 +369,8 @@ def training_summary(
 
 
 class EpochCheck:
-    """After each epoch: the head's loss and top-1 on the held-out sequences, and its chain acceptance on
+    """After each epoch: the head's loss and top-1 on the held-out sequences (every slot, and the answers' slots
+    alone: ``held_out_answer_top1``, what drafting meets), and its chain acceptance on
     ``s.eval_bundle`` (``head_eval.py``), appended to ``<method>/epochs.jsonl`` and printed."""
 
     def __init__(self, recipe: HeadRecipe, prep: Prepared, s: TrainSettings, folder: Path):
@@ -388,8 +390,13 @@ class EpochCheck:
         if apart:
             with torch.no_grad():
                 scores = [self.recipe.loss(head, [apart[i] for i in b], self.s.batch_tokens) for b in self.groups]
+                answers = np.sum(
+                    [answer_top1(head, [apart[i] for i in b], self.s.batch_tokens) for b in self.groups], 0
+                )
             row.update(held_out_loss=float(np.mean([float(x) for x, _ in scores])),
                        held_out_top1=float(np.mean([a for _, a in scores])))  # fmt: skip
+            if answers[1]:  # what the first drafted token meets at run time: the answers' slots alone
+                row["held_out_answer_top1"] = float(answers[0] / answers[1])
         if isinstance(head, Eagle3Head):
             head.fold_feature_scale()
         snapshot = save_heads(self.folder / f"epoch-{epoch}", head, self.prep.vocab_ids)

@@ -145,6 +145,7 @@ def test_heads_train_on_the_bundles_own_features_with_a_check_per_epoch(tmp_path
     for r in rows:
         check = r[chatty_bundle.name]
         assert 0 <= check["top1"] <= 1 and check["passes"] > 0 and 0 <= r["held_out_top1"] <= 1
+        assert 0 <= r["held_out_answer_top1"] <= 1  # the answers' slots alone
         depths = [check["accepted_at_depth"][str(d)] for d in range(1, 5)]
         assert depths == sorted(depths) and depths[0] == pytest.approx(check["top1"], abs=1e-3)
     training = json.loads((folder / "config.json").read_text())["training"]

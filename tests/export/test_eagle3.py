@@ -123,7 +123,7 @@ def test_training_time_test_unrolls_the_run_time_chain():
     step's feature (its own draft ancestors in its cache)."""
     import torch
 
-    from specdec_edge.export.head_losses import eagle3_unroll
+    from specdec_edge.export.head_losses import answer_top1, eagle3_unroll
     from specdec_edge.export.head_modules import Eagle3Head, FrozenTarget
     from specdec_edge.export.head_recipes import RECIPES
 
@@ -166,6 +166,10 @@ def test_training_time_test_unrolls_the_run_time_chain():
                 row = i if s == 0 else i - (start - 1)
                 assert torch.allclose(unrolled[s][row], want, atol=1e-4), (i, s)
         assert len(unrolled[0]) == T - 1 and all(len(u) == T - start for u in unrolled[1:])
+        # the per-epoch answer top-1: step 0's agreement over the answer's slots that have a label (x[i+2])
+        _, target_logp, labelled = next(eagle3_unroll(head, [seq], 64))
+        agree = (unrolled[0].argmax(-1) == target_logp.argmax(-1)) & labelled
+        assert answer_top1(head, [seq], 64) == (int(agree[start - 1 :].sum()), int(labelled[start - 1 :].sum()))
 
 
 def test_folding_the_training_scale_keeps_the_function():

@@ -94,3 +94,21 @@ def test_an_eagle_head_trained_with_unrolled_steps_exports_and_decodes_exactly(
     assert_greedy_equals_plain(plain, plain.with_method("eagle"))
     with pytest.raises(ExportError, match="--ttt-steps trains EAGLE and EAGLE-3 heads, not medusa"):
         train_draft("medusa", target, tmp_path / "m", prompts=prompts_file, **TRAIN, ttt_steps=2)
+
+
+def test_answer_top1_counts_the_answers_slots_only():
+    """The per-epoch check's answer top-1: the first step's agreement over the slots drafting reads at run time
+    (slot i >= answer start - 1), and over every slot where the whole sequence is answer (the loss's figure)."""
+    from specdec_edge.export.head_losses import answer_top1
+
+    head, seq = small_head(2)
+    T, start = len(seq["ids"]), seq["answer_start"]
+    with torch.no_grad():
+        pred, f_next, _ = next(eagle_unroll(head, [seq], 64))
+        agree = (head.target.logits(pred).argmax(-1) == head.target.logits(f_next).argmax(-1)).numpy()
+        assert answer_top1(head, [seq], 64) == (int(agree[start - 1 :].sum()), T - start)
+        everything = {**seq, "answer_start": 1}
+        hits, slots = answer_top1(head, [everything], 64)
+        assert slots == T - 1 and hits / slots == pytest.approx(eagle_loss(head, [everything], 64)[1])
+        # a sequence cut to its last 10 tokens keeps its answer's slots, now counted from the cut
+        assert answer_top1(head, [seq], 10)[1] == 10 - 1 - (start - (T - 10) - 1)
