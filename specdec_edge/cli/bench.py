@@ -99,14 +99,12 @@ def bench(
 ):
     """Benchmark methods against plain greedy decoding on the same engines, per category.
 
-    Prompts run one by one, plain then each method, so load affects all alike. Every
-    method's greedy output must equal plain's; where it does not, the prompt and the first
-    differing token are listed (never silent). Prints the Markdown table: a row per category, "open text"
-    (writing, roleplay, reasoning, stem and humanities together, where two or more ran) and "overall". Lossy methods
-    (medusa-typical) are marked "(lossy)". Methods run as chat, generate and serve run them: what
-    this device's exactness verdict refuses is skipped, unless --allow-inexact (marked "(inexact)").
-    The report names the machine (CPU, instruction set features, CPUs) and the load average at its start and
-    end: compare speeds only within one machine and one quiet run.
+    Prompts run one by one, plain then each method, so load affects all alike. Every method's greedy output must
+    equal plain's; where it does not, the prompt and the first differing token are listed. Prints the Markdown
+    table: a row per category, "open text" (writing, roleplay, reasoning, stem and humanities, where two or more ran)
+    and "overall"; lossy methods marked "(lossy)". Methods run as chat, generate and serve run them: what this
+    device's exactness verdict refuses is skipped, unless --allow-inexact (marked "(inexact)"). The report names
+    the machine and the load average at its start and end: compare speeds within one machine and one run.
 
     \b
     Examples:
