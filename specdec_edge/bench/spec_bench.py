@@ -380,7 +380,7 @@ def load_average() -> float | None:
 
 
 def machine_line(meta: dict) -> str | None:
-    """ "Machine: ..." for a report's header, from ``meta["machine"]`` and its load averages (None without them)."""
+    """The header's line naming the machine, from ``meta["machine"]`` and its load averages (None without them)."""
     m = meta.get("machine")
     if not m:
         return None
