@@ -91,7 +91,7 @@ def eagle_unroll(head: EagleHead, seqs: list[dict], batch_tokens: int):
         f = torch.as_tensor(d["features"][-batch_tokens:]).float()  # [T, H]
         x = torch.as_tensor(d["ids"][-batch_tokens:])  # [T]
         T = len(x)
-        start = min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)  # the answer's first token
+        start = answer_start(d, T)
         f_in.append(f[:-1])
         f_next.append(f[1:])  # row of slot i: f[i+1]
         x_in.append(x[1:])  # row of slot i: x[i+1]
@@ -140,8 +140,12 @@ def answer_top1(head: torch.nn.Module, seqs: list[dict], batch_tokens: int) -> t
 def _answer_slots(d: dict, batch_tokens: int) -> torch.Tensor:
     """[T-1] bool over a sequence's slots as the losses pack it (its last ``batch_tokens`` tokens): the answer's."""
     T = min(len(d["ids"]), batch_tokens)
-    start = min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)  # the answer's first token
-    return torch.arange(T - 1) >= start - 1
+    return torch.arange(T - 1) >= answer_start(d, T) - 1
+
+
+def answer_start(d: dict, T: int) -> int:
+    """The index of the answer's first token in the last ``T`` tokens of sequence ``d`` (kept within 1..T-1)."""
+    return min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)
 
 
 def eagle3_loss(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
@@ -174,7 +178,7 @@ def eagle3_unroll(head: Eagle3Head, seqs: list[dict], batch_tokens: int):
     for b, d in enumerate(seqs):
         x = torch.as_tensor(d["ids"][-batch_tokens:])  # [T]
         T = len(x)
-        start = min(max(d["answer_start"] - (len(d["ids"]) - T), 1), T - 1)  # the answer's first token
+        start = answer_start(d, T)
         g.append(torch.as_tensor(d["layer_features"][-batch_tokens:][: T - 1]).float())  # slots 0..T-2
         f_next.append(torch.as_tensor(d["features"][-batch_tokens:][1:T]).float())  # f[i+1]: the label's source
         key_ids.append(x[1:])
