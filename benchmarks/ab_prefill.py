@@ -1,9 +1,11 @@
-"""Whole calls with the prompt prefilled by ONNX Runtime or by OpenVINO (``--prefill``, runtime/ov_prefill.py):
-plain and auto, the four pipelines interleaved per prompt (order rotated) in one process; outputs identical to
-plain under each prefill; greedy output's common prefix with an fp32 bundle's (fidelity beside the speed).
+"""Whole calls with the prompt prefilled by two prefill runtimes (``--prefill``: the target graph in ONNX Runtime,
+OpenVINO, or the bundle's prefill graph ``fp32``; runtime/prefill_choice.py): plain and auto, the four pipelines
+interleaved per prompt (order rotated) in one process; outputs identical to plain under each prefill; greedy
+output's common prefix with an fp32 bundle's (fidelity beside the speed).
 
 Usage:
   python benchmarks/ab_prefill.py BUNDLE FP32_BUNDLE --n-per-category 2 --max-new-tokens 128 --json ab.json
+  python benchmarks/ab_prefill.py BUNDLE FP32_BUNDLE --prefills onnxruntime fp32
 
 FP32_BUNDLE: `specdec-edge export --target $GGUF --dtype fp32 --out FP32_BUNDLE` (the reference). Prompts: turn 1 of
 the packaged Spec-Bench prompts, --n-per-category of each category. Printed: whole-call tokens/s per pipeline (all
@@ -21,7 +23,7 @@ import time
 from specdec_edge import Pipeline
 from specdec_edge.bench.spec_bench import load_prompts
 
-PREFILLS = ("onnxruntime", "openvino")
+PREFILLS = ["onnxruntime", "openvino"]  # the two compared (--prefills), the first the baseline
 
 
 def common_prefix(a: list, b: list) -> int:
@@ -66,8 +68,8 @@ def report(rows: list[dict]) -> None:
         same = sum(r[name]["tokens"] == r[plain]["tokens"] for r in rows)
         print(f"| {name} | {rate(name):.1f} | {same} of {len(rows)} |")
     for m in ("plain", "auto"):
-        ratio = rate(m + "/openvino") / rate(m + "/onnxruntime")
-        print(f"{m}: OpenVINO prefill / ONNX Runtime prefill, whole calls {ratio:.3f}x")
+        ratio = rate(f"{m}/{PREFILLS[1]}") / rate(f"{m}/{PREFILLS[0]}")
+        print(f"{m}: {PREFILLS[1]} prefill / {PREFILLS[0]} prefill, whole calls {ratio:.3f}x")
     for pf in PREFILLS:
         mean = statistics.mean(r[f"fp32_prefix/{pf}"] for r in rows)
         print(f"common prefix with fp32, plain/{pf}: mean {mean:.1f} tokens")
@@ -80,7 +82,9 @@ def main() -> None:
     ap.add_argument("--n-per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--prefills", nargs=2, default=PREFILLS, metavar=("BASE", "OTHER"))
     args = ap.parse_args()
+    PREFILLS[:] = args.prefills
     rows = run(args.bundle, args.reference, args.n_per_category, args.max_new_tokens)
     report(rows)
     if args.json:

@@ -22,13 +22,14 @@ the graph's minimum width) and its argmax. OpenVINO GenAI: ``generate(max_new_to
 GGUF, greedy. Rate: prompt tokens / that time.
 
 Variants (``--variant``, repeatable; default: every one below that can run here):
-  ours[:chunk=N,opt=all|extended|basic,pool=process|session,spin=1|0,block=N,graph=PATH,prefill=openvino]
+  ours[:chunk=N,opt=all|extended|basic,pool=process|session,spin=1|0,block=N,graph=PATH,prefill=openvino|fp32]
       our engine on the bundle's target graph (defaults = the runtime's: chunk PREFILL_CHUNK, full graph
       optimization, the process-wide spinning pool); pool=session: a per-session pool (spinning, stopped
       after each run; spin=0: sleeping); block: the session's ``session.dynamic_block_base``; graph: another
       graph file with the bundle's inputs and outputs (a candidate prefill-only graph; an edited copy must lie
       beside the external data it reads); prefill=openvino: the runtime's ``--prefill openvino``
-      (runtime/ov_prefill.py: OpenVINO runs the passes of 64+ rows, in chunks of 1024 by default).
+      (runtime/ov_prefill.py: OpenVINO runs the passes of 64+ rows, in chunks of 1024 by default); prefill=fp32:
+      ``--prefill fp32`` (runtime/graph_prefill.py: the bundle's prefill graph runs the passes of 64+ rows).
   ovep[:chunk=N,precision=FP32|ACCURACY,opt=...]
       the same engine on ONNX Runtime's OpenVINO execution provider (device CPU, CPU provider as the
       fallback for ops it lacks); runs in --ovep-python (an environment with onnxruntime-openvino; it
@@ -135,12 +136,12 @@ class OurPrefill:
     def __init__(self, bundle: Path, kind: str, options: dict, threads: int):
 
         self.engine = _ort_engine(bundle, kind, options, threads)
-        if options.get("prefill") == "openvino":  # the runtime's --prefill openvino (runtime/ov_prefill.py)
-            from specdec_edge.runtime.ov_prefill import open_prefill
+        if options.get("prefill") in ("openvino", "fp32"):  # the runtime's --prefill (runtime/prefill_choice.py)
+            from specdec_edge.runtime.prefill_choice import open_prefillers
+            from specdec_edge.runtime.threads import CpuThreads
 
-            graph = self.engine.graph
-            path = Path(options["graph"]) if "graph" in options else bundle / graph.path
-            self.engine.prefiller = open_prefill("openvino", "cpu", path, graph, threads)
+            cpu = CpuThreads(threads)
+            [self.engine.prefiller] = open_prefillers(options["prefill"], "cpu", bundle, self.engine.graph, cpu)
         chunk = options.get("chunk")
         self.chunk = None if chunk is None else int(chunk)  # None: the engine's (PREFILL_CHUNK, or OpenVINO's)
 

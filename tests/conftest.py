@@ -36,6 +36,15 @@ def tiny_bundle(tmp_path_factory, tiny_llama_dir, tiny_draft_dir):
 
 
 @pytest.fixture(scope="session")
+def int4_bundle(tmp_path_factory, tiny_llama_dir):
+    """Target only, ort flavour, 4-bit layers (so a prefill graph: export/prefill_graph.py), capacity 256."""
+    from specdec_edge.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "int4"
+    return export_bundle(str(tiny_llama_dir), out, dtype="int4", capacity=256, progress=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_self_bundle(tmp_path_factory, tiny_llama_dir):
     """Draft == target: every proposal must be accepted."""
     from specdec_edge.export.exporter import export_bundle

@@ -47,8 +47,8 @@ from specdec_edge.runtime.base import (
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.factory import open_engine
 from specdec_edge.runtime.head_graphs import HeadGraph, load_head_graphs
-from specdec_edge.runtime.ov_prefill import open_prefill, prefill_setting
-from specdec_edge.runtime.prefill_choice import choose_prefill
+from specdec_edge.runtime.ov_prefill import prefill_setting
+from specdec_edge.runtime.prefill_choice import choose_prefill, open_prefillers
 from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.runtime.verdicts import apply, device_verdict, measure, to_verdict
 from specdec_edge.speculative.costs import CostModel
@@ -264,10 +264,13 @@ def open_engines(
     if manifest.draft is not None:
         draft = open_engine(root, manifest.draft.graph, share_process=True, role="draft", **settings)
     graph = manifest.target.graph
-    target.prefiller = open_prefill(prefill, provider, root / graph.path, graph, cpu.threads)
-    if prefill == "auto" and target.prefiller is not None:  # only where it measured faster here (cached per device)
-        measured_on = device_identity(provider + prefill_setting(target), str(cpu.threads or "default"))
-        target.prefiller = choose_prefill(root, graph.path, target, measured_on, progress)
+    prefillers = open_prefillers(prefill, provider, root, graph, cpu)
+    if prefill == "auto" and prefillers:  # only where one measured faster here (cached per device)
+        candidates = "".join(p.setting for p in prefillers)
+        measured_on = device_identity(provider + candidates, str(cpu.threads or "default"))
+        target.prefiller = choose_prefill(root, graph.path, target, prefillers, measured_on, progress)
+    else:
+        target.prefiller = prefillers[0] if prefillers else None
     # CUDA graphs change what a pass costs and how it rounds, another prefill runtime what a prefilled cache holds:
     # their measurements are kept apart
     setting = provider + ("+cuda-graph" if gpu.cuda_graph else "") + prefill_setting(target)

@@ -49,10 +49,12 @@ class LoadSettings:
     nothing. The output is the same either way, only faster.
     ``chat_template``: a Jinja chat template that replaces the bundle's (``tokenizer.read_chat_template`` reads one
     from a file); a base model's bundle has none, and then takes plain text only.
-    ``prefill``: which runtime runs the target's prefill passes (``runtime/ov_prefill.py``): "auto" (default:
-    OpenVINO where the provider is "cpu", the openvino package is installed and compiles the graph, and its prefill
-    measured at least 1.1x ONNX Runtime's on this device, once, cached (``runtime/prefill_choice.py``: 1.3-1.7x on
-    an AVX-512 CPU, 0.85x on an AVX2 one); else ONNX Runtime), "openvino" (an error where it cannot) or
+    ``prefill``: which runtime runs the target's prefill passes (``runtime/prefill_choice.py``): "auto" (default:
+    where the provider is "cpu", the fastest of OpenVINO (where the openvino package is installed and compiles the
+    graph; ``runtime/ov_prefill.py``) and the bundle's prefill graph (its 4-bit layers with fp32 activations, where
+    the bundle has one; ``runtime/graph_prefill.py``) if it measured at least 1.1x the target graph's speed on this
+    device, once, cached (OpenVINO: 1.3-1.7x on an AVX-512 CPU, 0.85x on an AVX2 one, where the prefill graph ran
+    1.09x); else the target graph in ONNX Runtime), "openvino" or "fp32" (an error where it cannot), or
     "onnxruntime".
     Every call, plain or speculative, prefills alike, so speculation stays exact either way.
     ``progress``: called with a line before and after what takes seconds on first use on a device (measuring its

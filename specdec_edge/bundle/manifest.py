@@ -77,8 +77,9 @@ def read_manifest(bundle: Path | str, *, check_files: bool = True) -> Manifest:
 
 
 def graph_paths(manifest: Manifest) -> list[str]:
-    """The ONNX graphs of a bundle: target, draft and head graphs (relative paths)."""
+    """The ONNX graphs of a bundle: target (and its prefill graph), draft and head graphs (relative paths)."""
     paths = [m.graph.path for m in (manifest.target, manifest.draft) if m is not None]
+    paths += [manifest.target.graph.prefill_path] if manifest.target.graph.prefill_path else []
     paths += [h.graph for h in manifest.heads.values()]
     return paths
 

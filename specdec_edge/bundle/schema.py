@@ -86,6 +86,10 @@ class GraphSpec:
     capacity_bias: bool = False
     inputs: tuple = ()
     outputs: tuple = ()
+    # A graph with this one's contract and weights whose 4-bit layers compute with fp32 activations, for prefill
+    # passes where it measured faster on the device (export/prefill_graph.py, runtime/graph_prefill.py); relative
+    # to the bundle root, "" where there is none.
+    prefill_path: str = ""
 
     def to_json(self) -> dict:
         """The manifest form (``from_json`` reads it back): the verdict's flags beside the other fields, the rest of

@@ -30,8 +30,7 @@ def summarize(bundle: str | Path) -> tuple[dict, list]:
         {**v, "measured": "on first use"} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
     ]
     summary["prefill"] = [
-        {key: record[key] for key in ("device", "runtime", "rows", "onnxruntime_s", "openvino_s", "speedup", "error")
-         if key in record}
+        {key: record[key] for key in ("device", "runtime", "rows", "seconds", "speedups", "errors") if key in record}
         for record in cached_choices(bundle)
     ]  # fmt: skip
     return summary, costs

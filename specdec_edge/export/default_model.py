@@ -40,8 +40,9 @@ def default_gguf() -> Path:
 # default method, so the default bundle runs auto; 4: schema 2, the export device's exactness verdict; 5: the graph
 # pads a one-row pass's attention inside, so devices whose other one-row kernels match run one-row passes unpadded;
 # 6: the EAGLE head graph of the fp32/fp16 default bundles is built with 8-bit layers, ~2.5x cheaper a step;
-# 7: the gguf bundle carries the EAGLE head trained on its own features).
-EXPORT_FORMAT = 7
+# 7: the gguf bundle carries the EAGLE head trained on its own features; 8: bundles with 4-bit layers carry a
+# prefill graph, export/prefill_graph.py).
+EXPORT_FORMAT = 8
 DEFAULT_DTYPE = "gguf"  # the fastest exact configuration measured (docs/PERFORMANCE.md)
 HEADS = {"gguf": "eagle-gguf", "fp32": "eagle", "fp16": "eagle"}  # dtype -> the shipped head folder it carries
 

@@ -354,6 +354,12 @@ def export_graph(loaded, root: Path, role: str, settings: ExportSettings, prog) 
     with prog.stage(f"[{role}] exactness verdict (chains of 1-64 rows, trees, key-count boundaries; bit for bit)"):
         invariance = measure(OrtEngine(path, spec))  # as a default Pipeline.load runs it
     spec = replace(spec, verdict=to_verdict(invariance, device_identity("cpu", "default")))
+    if role == "target" and flavour == "ort":
+        from specdec_edge.export.prefill_graph import write_prefill_graph
+
+        with prog.stage(f"[{role}] prefill graph (4-bit layers with fp32 activations)"):
+            prefill_file = write_prefill_graph(path)
+        spec = replace(spec, prefill_path=f"{role}/{prefill_file}" if prefill_file else "")
     with prog.stage(f"[{role}] validate vs PyTorch (S=1, S=5, tree)"):
         report = {**validate_graph(path, spec, loaded.model, window=cfg.sliding_window), "batch_invariance": invariance}
     config = loaded.model.config

@@ -159,7 +159,8 @@ class OrtEngine(CachedEngine):
         rows = slice(self.length, self.length + np.asarray(input_ids).size)
         want = self.cache[..., rows, :].copy()
         self.prefiller.run(self.cache, self.length, self.step_inputs(input_ids, None, None, logits_to_keep))
-        check_against(self.cache[..., rows, :], want)
+        who = "OpenVINO's prefill" if self.prefiller.name == "openvino" else "the prefill graph"
+        check_against(self.cache[..., rows, :], want, who)
         self.prefiller.checked = True
 
     def _compact(self, path: np.ndarray) -> None:

@@ -33,7 +33,8 @@ import numpy as np
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import StepInputs, StepOutput
 
-PREFILL_RUNTIMES = ("auto", "onnxruntime", "openvino")
+# "fp32": the bundle's prefill graph in ONNX Runtime (runtime/graph_prefill.py)
+PREFILL_RUNTIMES = ("auto", "onnxruntime", "openvino", "fp32")
 # OpenVINO's passes cost little per row and much per call (it reads the cache buffers in): longer chunks, and
 # passes of fewer rows than MIN_ROWS stay in ONNX Runtime (measured ~1.0x at 16 rows, 1.3x at 64, 1.7x at 256).
 OPENVINO_CHUNK = 1024
@@ -66,6 +67,8 @@ class OpenVinoPrefill:
                 "or prefill with ONNX Runtime (--prefill onnxruntime)."
             ) from None
         self.model_path, self.graph, self.threads = Path(model_path), graph, threads
+        self.name, self.label = "openvino", f"openvino {self.version}"  # in the choice's records, in reports
+        self.setting = f"+openvino-prefill-{self.version}"  # in device identities (``prefill_setting``)
         self.compiled = self.request = None
         self._extra: list[str] = []
 
@@ -129,12 +132,12 @@ class OpenVinoPrefill:
 
 
 def open_prefill(choice: str, provider: str, model_path: Path, graph, threads: int | None):
-    """The ``OpenVinoPrefill`` that ``choice`` asks for on ``provider`` (module docstring), or None: ONNX Runtime.
+    """The ``OpenVinoPrefill`` that ``choice`` asks for on ``provider`` (module docstring), or None: another runtime.
     "openvino" compiles now (its errors surface at load); "auto" when a prompt first needs it, and where that fails
     its engine goes on prefilling in ONNX Runtime (``OrtEngine.prefill_run``)."""
     if choice not in PREFILL_RUNTIMES:
         raise SpecdecError(f"unknown prefill runtime {choice!r}; choose one of {', '.join(PREFILL_RUNTIMES)}.")
-    if choice == "onnxruntime" or (choice == "auto" and provider != "cpu"):
+    if choice in ("onnxruntime", "fp32") or (choice == "auto" and provider != "cpu"):
         return None
     if provider != "cpu":
         raise SpecdecError(
@@ -150,27 +153,28 @@ def open_prefill(choice: str, provider: str, model_path: Path, graph, threads: i
     return prefiller
 
 
-def check_against(prefiller_kv: np.ndarray, onnxruntime_kv: np.ndarray) -> None:
-    """Refuse a prefiller whose K/V (``[layers, 2, 1, kv_heads, S, head_dim]``) are not ONNX Runtime's to within
-    ``CHECK_TOLERANCE`` relative error: a conversion that computes another function (OpenVINO's compiled-model cache
-    did, here), not the rounding of another kernel (the gguf bundle: 0.05-0.07; fp32: ~1e-6)."""
+def check_against(prefiller_kv: np.ndarray, onnxruntime_kv: np.ndarray, who: str = "OpenVINO's prefill") -> None:
+    """Refuse a prefiller (``who``) whose K/V (``[layers, 2, 1, kv_heads, S, head_dim]``) are not ONNX Runtime's to
+    within ``CHECK_TOLERANCE`` relative error: a conversion that computes another function (OpenVINO's compiled-model
+    cache did, here), not the rounding of another kernel (the gguf bundle: 0.05-0.07; fp32: ~1e-6)."""
     a, b = prefiller_kv.astype(np.float64), onnxruntime_kv.astype(np.float64)
     error = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
     if not np.isfinite(error) or error > CHECK_TOLERANCE:
         raise SpecdecError(
-            f"OpenVINO's prefill of this graph disagrees with ONNX Runtime's (relative error {error:.3g} of the K/V, "
+            f"{who} of this graph disagrees with ONNX Runtime's (relative error {error:.3g} of the K/V, "
             f"more than {CHECK_TOLERANCE}); prefill with ONNX Runtime (--prefill onnxruntime)."
         )
 
 
 def prefill_name(engine) -> str:
-    """Which runtime prefills ``engine``'s cache: "openvino <version>" or "onnxruntime" (reports, `info`)."""
+    """Which runtime prefills ``engine``'s cache: "openvino <version>", "fp32 ..." (the bundle's prefill graph) or
+    "onnxruntime" (reports, `info`)."""
     prefiller = getattr(engine, "prefiller", None)
-    return "onnxruntime" if prefiller is None else f"openvino {prefiller.version}"
+    return "onnxruntime" if prefiller is None else prefiller.label
 
 
 def prefill_setting(engine) -> str:
     """The part of the device identity (``runtime/device.py``) that says another runtime prefills: verdicts and step
-    costs measured with OpenVINO's prefill are cached apart from ONNX Runtime's."""
+    costs measured with another prefill runtime are cached apart from ONNX Runtime's."""
     prefiller = getattr(engine, "prefiller", None)
-    return "" if prefiller is None else f"+openvino-prefill-{prefiller.version}"
+    return "" if prefiller is None else prefiller.setting

@@ -1,13 +1,17 @@
-"""Whether OpenVINO's prefill pays on this device: measured once per device and bundle, then cached.
+"""Which runtime prefills the target on this device: measured once per device and bundle, then cached.
 
-``--prefill auto`` (the default) may attach OpenVINO to prefill the target's cache (``runtime/ov_prefill.py``).
-Whether that is faster depends on the CPU: on an AVX-512 one it ran 256-row passes of the default gguf bundle
-1.3-1.7x faster than ONNX Runtime, on an AVX2-only one 0.84x as fast (docs/lab/prefill-and-passes.md). So
-``choose_prefill`` times both runtimes on the same rows (alternately, the least of a few passes each, after both
-ran once and OpenVINO's K/V were checked against ONNX Runtime's) and keeps OpenVINO only where it is at least
-``GAIN`` times faster. The choice is cached per bundle and device (``<cache>/prefill/``, written atomically), so a
-device always prefills the same way: the output of a call depends on which runtime prefilled it (two roundings of
-the same model), and it must not change from one load to the next. ``--prefill openvino`` / ``onnxruntime`` pin it.
+``--prefill auto`` (the default) may prefill the target's cache with another runtime than the target graph's
+ONNX Runtime session: OpenVINO (``runtime/ov_prefill.py``, where it is installed) or the bundle's prefill graph
+(``runtime/graph_prefill.py``, where the bundle has one: its 4-bit layers with fp32 activations). Which is faster
+depends on the CPU: on an AVX-512 one OpenVINO ran 256-row passes of the default gguf bundle 1.3-1.7x faster than
+ONNX Runtime, on an AVX2-only one 0.84x as fast, where the prefill graph ran 1.09x (docs/lab/prefill-and-passes.md).
+So ``choose_prefill`` times every candidate and the target graph on the same rows (alternately, the least of a few
+passes each, after each ran once and its K/V were checked against the target graph's) and keeps the fastest
+candidate only where it is at least ``GAIN`` times faster than the target graph (the prefill graph, which also
+brings the prompt's K/V to the fp32 model's, wherever it is not slower: ``GAINS``). The choice is cached per bundle and
+device (``<cache>/prefill/``, written atomically), so a device always prefills the same way: the output of a call
+depends on which runtime prefilled it (two roundings of the same model), and it must not change from one load to
+the next. ``--prefill openvino`` / ``fp32`` / ``onnxruntime`` pin it.
 """
 
 from __future__ import annotations
@@ -24,12 +28,53 @@ from specdec_edge.bundle.hashes import manifest_digest as bundle_digest
 from specdec_edge.errors import SpecdecError
 from specdec_edge.progress import Progress, report
 from specdec_edge.runtime.device import device_key
+from specdec_edge.runtime.graph_prefill import open_graph_prefill
+from specdec_edge.runtime.ov_prefill import PREFILL_RUNTIMES, open_prefill
+from specdec_edge.runtime.threads import CpuThreads
 from specdec_edge.user_cache import cache_dir
 
-CHOICE_FORMAT = 1  # bumped when what is measured changes: older records are measured again
+CHOICE_FORMAT = 3  # bumped when what is measured or how it decides changes: older records are measured again
 ROWS = 256  # a prefill chunk of ONNX Runtime's (PREFILL_CHUNK)
 ROUNDS = 3  # timed passes per runtime, alternating; the least of each is compared
-GAIN = 1.1  # OpenVINO prefills only where its pass takes at most 1/GAIN of ONNX Runtime's
+GAIN = 1.1  # another runtime prefills only where its pass takes at most 1/GAIN of the target graph's ...
+# ... except the prefill graph, kept wherever it is not slower: it computes the prompt's K/V as the fp32 model does
+# (3e-6 relative error against the fp32 export's, where the target graph's int8 activations give 5e-2; greedy
+# output's common prefix with the fp32 model 27.4 tokens against 21.7 on 26 Spec-Bench prompts), while OpenVINO's
+# roundings are no closer to fp32 than ONNX Runtime's (docs/lab/prefill-and-passes.md)
+GAINS = {"fp32": 1.0}
+
+
+def open_prefillers(choice: str, provider: str, root: Path, graph, cpu: CpuThreads) -> list:
+    """The prefillers ``--prefill choice`` allows for the target ``graph`` of the bundle at ``root``: none for
+    "onnxruntime" (or "auto" off the CPU); the one asked for, ready (its errors surface at load), for "openvino" or
+    "fp32"; for "auto" every one that could run here (OpenVINO where installed, the prefill graph where the bundle
+    has one), for ``choose_prefill`` to time."""
+    if choice not in PREFILL_RUNTIMES:
+        raise SpecdecError(f"unknown prefill runtime {choice!r}; choose one of {', '.join(PREFILL_RUNTIMES)}.")
+    found = []
+    openvino = open_prefill(choice, provider, Path(root) / graph.path, graph, cpu.threads)
+    if openvino is not None:
+        found.append(openvino)
+    if choice in ("fp32", "auto") and provider != "cpu":
+        if choice == "fp32":
+            raise SpecdecError(
+                f"prefill 'fp32' runs on the CPU, beside provider 'cpu'; with provider {provider!r} use "
+                "--prefill onnxruntime (or auto)."
+            )
+        return found
+    if choice in ("fp32", "auto"):
+        graph_prefill = open_graph_prefill(root, graph, cpu)
+        if graph_prefill is None and choice == "fp32":
+            raise SpecdecError(
+                "prefill 'fp32' needs the bundle's prefill graph, and this bundle has none (exported before it "
+                "existed, or without 4-bit layers); re-export the bundle, or use --prefill onnxruntime (or auto)."
+            )
+        if graph_prefill is not None:
+            if choice == "fp32":
+                graph_prefill.required = True
+                graph_prefill.compile()
+            found.append(graph_prefill)
+    return found
 
 
 def choice_path(digest: str, graph_path: str, device: dict) -> Path:
@@ -37,32 +82,49 @@ def choice_path(digest: str, graph_path: str, device: dict) -> Path:
     return cache_dir() / "prefill" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
 
 
-def measure_prefill(engine, rows: int = ROWS, rounds: int = ROUNDS) -> dict:
-    """Seconds of one prefill pass of ``rows`` random tokens by ONNX Runtime (``engine.run``) and by its attached
-    prefiller, from an empty cache, and OpenVINO's speedup. The engine's cache is left empty (``reset``). A prefiller
-    that cannot compile the graph or disagrees with ONNX Runtime raises ``SpecdecError`` (``OrtEngine``'s check)."""
+def measure_prefill(engine, candidates: list, rows: int = ROWS, rounds: int = ROUNDS) -> dict:
+    """Seconds of one prefill pass of ``rows`` random tokens by the target graph (``engine.run``) and by each of
+    ``candidates`` (prefillers), from an empty cache: ``{"rows", "seconds": {name: s}, "speedups": {name: x},
+    "errors": {name: why}}``. A candidate that cannot run the graph or disagrees with the target graph
+    (``OrtEngine``'s check) is left out, with why. The engine's cache is left empty and no prefiller attached."""
     rows = max(1, min(rows, engine.capacity // 2))
     ids = np.random.default_rng(0).integers(0, engine.vocab_size, size=rows)
-    engine.reset()
+    times: dict[str, list[float]] = {"onnxruntime": []}
+    errors, usable = {}, []
     try:
-        engine.check_prefiller(ids, 1)  # both run once (warm-up), and the K/V are checked
-        times: dict[str, list[float]] = {"onnxruntime": [], "openvino": []}
-        for _ in range(rounds):
+        for candidate in candidates:  # each runs once (warm-up) and its K/V are checked
+            engine.reset()
+            engine.prefiller = candidate
+            try:
+                engine.check_prefiller(ids, 1)
+            except SpecdecError as e:
+                errors[candidate.name] = str(e)
+                continue
+            usable.append(candidate)
+            times[candidate.name] = []
+        for _ in range(rounds if usable else 0):
+            engine.reset()
             start = time.perf_counter()
             engine.run(ids, logits_to_keep=1)
             times["onnxruntime"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            engine.prefiller.run(engine.cache, 0, engine.step_inputs(ids, None, None, 1))
-            times["openvino"].append(time.perf_counter() - start)
+            for candidate in usable:
+                start = time.perf_counter()
+                candidate.run(engine.cache, 0, engine.step_inputs(ids, None, None, 1))
+                times[candidate.name].append(time.perf_counter() - start)
     finally:
+        engine.prefiller = None
         engine.reset()
-    best = {name: min(t) for name, t in times.items()}
+    best = {name: min(t) for name, t in times.items() if t}
+    base = best.get("onnxruntime")
     return {
         "rows": rows,
-        "onnxruntime_s": round(best["onnxruntime"], 6),
-        "openvino_s": round(best["openvino"], 6),
-        "speedup": round(best["onnxruntime"] / max(best["openvino"], 1e-9), 4),
+        "seconds": {name: round(t, 6) for name, t in best.items()},
+        "speedups": {name: round(base / max(t, 1e-9), 4) for name, t in best.items() if name != "onnxruntime"},
+        "errors": errors,
     }
+
+
+RUNTIMES = ("onnxruntime", "openvino", "fp32")  # what a record may name (``ov_prefill.PREFILL_RUNTIMES`` less auto)
 
 
 def load_choice(path: Path) -> dict | None:
@@ -73,40 +135,49 @@ def load_choice(path: Path) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("format") != CHOICE_FORMAT:
         return None
-    return data if data.get("runtime") in ("onnxruntime", "openvino") else None
+    return data if data.get("runtime") in RUNTIMES else None
 
 
 def decide(measured: dict) -> str:
-    return "openvino" if measured["speedup"] >= GAIN else "onnxruntime"
+    """The fastest candidate of a measurement among those at least their gain (``GAINS``, else ``GAIN``) times the
+    target graph's speed, else "onnxruntime" (the target graph prefills)."""
+    speedups = measured.get("speedups") or {}
+    paying = {name: x for name, x in speedups.items() if x >= GAINS.get(name, GAIN)}
+    return max(paying, key=paying.get) if paying else "onnxruntime"
 
 
-def choose_prefill(root, graph_path: str, engine, device: dict, progress: Progress | None = None):
-    """The prefiller ``engine`` should keep under ``--prefill auto``: its attached one where the cached or a new
-    measurement on ``device`` says OpenVINO prefills at least ``GAIN`` times faster, else None (ONNX Runtime)."""
+def choose_prefill(root, graph_path: str, engine, candidates: list, device: dict, progress: Progress | None = None):
+    """The prefiller of ``candidates`` that ``engine`` should keep under ``--prefill auto``: the one a cached or a
+    new measurement on ``device`` says prefills at least ``GAIN`` times faster than the target graph, else None."""
     digest = bundle_digest(root)
     path = choice_path(digest, graph_path, device)
     record = load_choice(path)
     if record is None:
+        names = " and ".join(c.name for c in candidates)
         report(
             progress,
-            f"specdec-edge: timing OpenVINO's prefill against ONNX Runtime's on {device.get('name')}; once per "
+            f"specdec-edge: timing the {names} prefill against the target graph's on {device.get('name')}; once per "
             "device, a few seconds",
         )
-        try:
-            record = {**measure_prefill(engine), "runtime": None}
-            record["runtime"] = decide(record)
-        except SpecdecError as e:  # cannot compile, or computes another function: ONNX Runtime prefills
-            record = {"runtime": "onnxruntime", "error": str(e)}
-        record = {"format": CHOICE_FORMAT, "bundle": digest, "graph": graph_path, "device": device, **record}
+        measured = measure_prefill(engine, candidates)
+        record = {"format": CHOICE_FORMAT, "bundle": digest, "graph": graph_path, "device": device, **measured}
+        record["runtime"] = decide(measured)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, json.dumps(record, indent=1))
             where = f"; cached in {path}"
         except OSError:
             where = " (the cache is not writable: measured again next time)"
-        why = f"OpenVINO ran at {record['speedup']}x ONNX Runtime's speed" if "speedup" in record else record["error"]
-        report(progress, f"specdec-edge: {record['runtime']} prefills here ({why}){where}")
-    return engine.prefiller if record["runtime"] == "openvino" else None
+        report(progress, f"specdec-edge: {record['runtime']} prefills here ({why(record)}){where}")
+    return next((c for c in candidates if c.name == record["runtime"]), None)
+
+
+def why(record: dict) -> str:
+    """What a record measured: each candidate's speed against the target graph's, or why it could not run."""
+    parts = [f"{name} {x:.2f}x" for name, x in (record.get("speedups") or {}).items()]
+    parts += [f"{name} failed: {error}" for name, error in (record.get("errors") or {}).items()]
+    rows = record.get("rows", "?")
+    return f"against the target graph's speed on {rows} rows: " + "; ".join(parts) if parts else "nothing measured"
 
 
 def cached_choices(root) -> list[dict]:
@@ -124,8 +195,4 @@ def describe_choice(record: dict) -> str:
     """One line of ``info``: which runtime prefills on the record's device, and why."""
     device = record["device"]
     where = f"{device.get('name', '?')} (threads {device.get('threads', '?')})"
-    if "speedup" in record:
-        why = f"OpenVINO measured {record['speedup']:.2f}x ONNX Runtime's speed on {record.get('rows', '?')} rows"
-    else:
-        why = str(record.get("error", "not measured"))
-    return f"prefill on {where}: {record['runtime']} ({why})"
+    return f"prefill on {where}: {record['runtime']} ({why(record)})"

@@ -1,7 +1,8 @@
-"""``--prefill auto`` keeps OpenVINO's prefill only where it measured faster on this device
-(``runtime/prefill_choice.py``): both runtimes timed on the same rows once, the choice cached and followed on every
+"""``--prefill auto`` keeps another prefill runtime only where it measured faster on this device
+(``runtime/prefill_choice.py``): the runtimes timed on the same rows once, the choice cached and followed on every
 later load, a damaged record measured again, a graph OpenVINO cannot run left to ONNX Runtime. Real ONNX Runtime and
-OpenVINO sessions on the tiny exported bundle."""
+OpenVINO sessions on the tiny exported bundle (fp32: no prefill graph; the int4 bundle's: tests/runtime/
+test_graph_prefill.py)."""
 
 from __future__ import annotations
 
@@ -41,16 +42,17 @@ def test_auto_times_both_runtimes_once_and_keeps_its_choice(tiny_bundle, cache):
     lines: list[str] = []
     engines = load(tiny_bundle, lines)
     [record] = records(cache)
-    assert record["onnxruntime_s"] > 0 and record["openvino_s"] > 0 and record["rows"] > 0
+    assert record["seconds"]["onnxruntime"] > 0 and record["seconds"]["openvino"] > 0 and record["rows"] > 0
+    assert set(record["speedups"]) == {"openvino"} and record["errors"] == {}  # fp32 graph: no prefill graph
     assert record["runtime"] == decide(record) and record["device"]["provider"].startswith("cpu+openvino-prefill")
-    assert any("timing OpenVINO's prefill" in line for line in lines)
+    assert any("timing the openvino prefill" in line for line in lines)
     assert prefill_name(engines.target).split()[0] == record["runtime"]
     assert engines.target.length == 0 and engines.target.held == []  # the timed passes left nothing committed
     engines.close()
     summary, costs = summarize(tiny_bundle)  # `info` shows the choice and why
     assert [r["runtime"] for r in summary["prefill"]] == [record["runtime"]]
     line = next(line for line in render(tiny_bundle, summary, costs) if "prefill on" in line)
-    assert f"{record['runtime']} (OpenVINO measured {record['speedup']:.2f}x" in line
+    assert f"{record['runtime']} (against the target graph's speed on {record['rows']} rows: openvino " in line
     again: list[str] = []
     engines = load(tiny_bundle, again)
     assert not any("timing" in line for line in again)  # cached: never timed twice on one device
@@ -74,28 +76,40 @@ def test_the_cached_choice_decides_every_later_load(tiny_bundle, cache, runtime)
 def test_a_damaged_record_is_measured_again(tiny_bundle, cache):
     load(tiny_bundle, []).close()
     [path] = sorted(cache.glob("*.json"))
-    path.write_text('{"format": 1, "runtime": "tvm"')
+    path.write_text('{"format": 3, "runtime": "tvm"')
     lines: list[str] = []
     load(tiny_bundle, lines).close()
-    assert any("timing OpenVINO's prefill" in line for line in lines)
+    assert any("timing the openvino prefill" in line for line in lines)
     assert records(cache)[0]["runtime"] in ("onnxruntime", "openvino")
 
 
 def test_the_rule_and_a_prefiller_that_cannot_run(tiny_bundle, cache, tmp_path):
-    assert decide({"speedup": GAIN}) == "openvino" and decide({"speedup": GAIN - 0.01}) == "onnxruntime"
+    assert decide({"speedups": {"openvino": GAIN}}) == "openvino"
+    assert (
+        decide({"speedups": {"openvino": GAIN - 0.01}}) == "onnxruntime" and decide({"speedups": {}}) == "onnxruntime"
+    )
+    assert decide({"speedups": {"openvino": 1.2, "fp32": 1.3}}) == "fp32"  # the fastest of those that pay
+    assert decide({"speedups": {"openvino": 1.3, "fp32": 1.2}}) == "openvino"
+    # the prefill graph (fp32 activations: the prompt's K/V as the fp32 model's) wherever it is not slower
+    assert decide({"speedups": {"openvino": 1.05, "fp32": 1.0}}) == "fp32"
+    assert decide({"speedups": {"fp32": 0.99}}) == "onnxruntime"
     manifest = read_manifest(tiny_bundle)
     graph = manifest.target.graph
     engine = OrtEngine(tiny_bundle / graph.path, graph)
-    engine.prefiller = OpenVinoPrefill(tiny_bundle / graph.path, graph, threads=2)
-    measured = measure_prefill(engine, rows=96, rounds=2)
-    assert measured["rows"] == 96 and measured["speedup"] == pytest.approx(
-        measured["onnxruntime_s"] / measured["openvino_s"], rel=1e-3
+    openvino = OpenVinoPrefill(tiny_bundle / graph.path, graph, threads=2)
+    measured = measure_prefill(engine, [openvino], rows=96, rounds=2)
+    seconds = measured["seconds"]
+    assert measured["rows"] == 96 and measured["speedups"]["openvino"] == pytest.approx(
+        seconds["onnxruntime"] / seconds["openvino"], rel=1e-3
     )
+    assert engine.prefiller is None and engine.length == 0  # the measurement leaves the engine as it found it
     broken = tmp_path / "model.onnx"
     broken.write_bytes(b"not an onnx graph")
-    engine.prefiller = OpenVinoPrefill(broken, graph, threads=2)
     lines: list[str] = []
-    assert choose_prefill(tiny_bundle, graph.path, engine, {"name": "this CPU"}, lines.append) is None
+    chosen = choose_prefill(
+        tiny_bundle, graph.path, engine, [OpenVinoPrefill(broken, graph, threads=2)], {"name": "this CPU"}, lines.append
+    )
+    assert chosen is None
     [record] = records(cache)
-    assert record["runtime"] == "onnxruntime" and "cannot compile" in record["error"]
-    assert "onnxruntime prefills here" in lines[-1]
+    assert record["runtime"] == "onnxruntime" and "cannot compile" in record["errors"]["openvino"]
+    assert record["speedups"] == {} and "onnxruntime prefills here" in lines[-1] and "openvino failed" in lines[-1]

@@ -1,0 +1,145 @@
+"""The prefill graph (``export/prefill_graph.py``, ``runtime/graph_prefill.py``): written at export beside a target
+graph with 4-bit layers, the same weights read from the same file with fp32 activations; it writes the cache as the
+target graph would (to rounding), deterministically; every call prefills alike, so speculation stays exact; ``auto``
+times it with the other candidates; clear errors. Real ONNX Runtime sessions on a tiny int4 bundle."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from specdec_edge import Pipeline, SpecdecError
+from specdec_edge.api.engines import open_engines
+from specdec_edge.bundle.manifest import graph_paths, read_manifest
+from specdec_edge.runtime.base import prefill
+from specdec_edge.runtime.graph_prefill import MIN_ROWS, GraphPrefill
+from specdec_edge.runtime.ort_engine import OrtEngine
+from specdec_edge.runtime.ov_prefill import prefill_name
+from specdec_edge.runtime.prefill_choice import open_prefillers
+from specdec_edge.runtime.threads import CpuThreads
+
+LONG = "Speculative decoding proposes tokens and verifies them in one pass. " * 3  # > MIN_ROWS tokens here
+CPU = CpuThreads(threads=2)
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 300, size=n).tolist()
+
+
+def target(bundle, with_prefill_graph: bool) -> OrtEngine:
+    graph = read_manifest(bundle).target.graph
+    engine = OrtEngine(bundle / graph.path, graph, cpu=CPU)
+    if with_prefill_graph:
+        engine.prefiller = GraphPrefill(bundle / graph.prefill_path, graph, CPU)
+    return engine
+
+
+def levels(path) -> list[tuple[int, int]]:
+    model = onnx.load(str(path), load_external_data=False)
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+            found.append((a["bits"], a["accuracy_level"]))
+    return found
+
+
+def test_export_writes_the_prefill_graph_beside_a_4bit_target(int4_bundle, tiny_bundle):
+    manifest = read_manifest(int4_bundle)
+    graph = manifest.target.graph
+    assert graph.prefill_path == "target/prefill.onnx" and graph.prefill_path in manifest.files
+    assert graph.prefill_path in graph_paths(manifest)  # its external data is checked like the target's
+    main, pre = levels(int4_bundle / graph.path), levels(int4_bundle / graph.prefill_path)
+    assert len(main) == len(pre) > 0 and {level for bits, level in main if bits == 4} == {4}
+    assert {level for bits, level in pre if bits == 4} == {1}  # fp32 activations in the 4-bit layers
+    assert [level for bits, level in main if bits != 4] == [level for bits, level in pre if bits != 4]
+    model = onnx.load(str(int4_bundle / graph.prefill_path), load_external_data=False)
+    locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {"model.onnx.data"}  # the target's weights, not a second copy
+    assert not (int4_bundle / "target" / "prefill.onnx.data").exists()
+    assert read_manifest(tiny_bundle).target.graph.prefill_path == ""  # fp32: no 4-bit layers, nothing to gain
+
+
+def test_the_prefill_graph_writes_the_cache_the_target_graph_would(int4_bundle):
+    ids = tokens(150)
+    plain, graph_engine = target(int4_bundle, False), target(int4_bundle, True)
+    for engine in (plain, graph_engine):
+        prefill(engine, ids[:100])
+        prefill(engine, ids, kept=100)  # a second part after a kept prefix reads the cache it wrote
+    assert graph_engine.prefiller.session is not None and graph_engine.prefiller.checked
+    assert graph_engine.length == plain.length == 150 and graph_engine.held == plain.held == ids
+    a, b = graph_engine.cache[..., :150, :], plain.cache[..., :150, :]
+    assert not np.array_equal(a, b)  # another rounding: int8 activations there, fp32 here
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 0.1
+    assert not graph_engine.cache[..., 150:, :].any()  # nothing written past the prefilled slots
+    out = [e.run([7]).logits for e in (plain, graph_engine)]
+    assert out[0].argmax() == out[1].argmax()
+
+
+def test_the_prefill_graph_is_deterministic_and_leaves_short_prefills_alone(int4_bundle):
+    engine = target(int4_bundle, True)
+    ids = tokens(200, seed=1)
+    prefill(engine, ids)
+    first = engine.cache[..., :200, :].copy()
+    engine.cache[:] = 7.0  # stale slots must not leak into the next prefill
+    prefill(engine, ids)
+    assert np.array_equal(engine.cache[..., :200, :], first)
+    short, reference = target(int4_bundle, True), target(int4_bundle, False)
+    for e in (short, reference):
+        prefill(e, ids[: MIN_ROWS - 1])
+    assert short.prefiller.session is None  # never needed: not even loaded
+    assert np.array_equal(short.cache[..., : MIN_ROWS - 1, :], reference.cache[..., : MIN_ROWS - 1, :])
+
+
+@pytest.mark.parametrize("method", ["pld", "auto"])
+def test_speculation_is_exact_with_the_prefill_graph(int4_bundle, method):
+    plain = Pipeline.load(int4_bundle, method="plain", prefill="fp32")
+    spec = Pipeline.load(int4_bundle, method=method, prefill="fp32")
+    assert prefill_name(spec.engines.target).startswith("fp32 (the bundle's prefill graph")
+    turns = [LONG, LONG + " And once more, in other words."]
+    for reuse in (False, True):
+        for turn in turns:  # the second turn reuses the first's cache where reuse is on
+            a = plain.generate(turn, max_new_tokens=24, reuse=reuse)
+            b = spec.generate(turn, max_new_tokens=24, reuse=reuse)
+            assert a.token_ids == b.token_ids, (method, reuse)
+    assert spec.engines.target.prefiller.session is not None  # the long prompts went through it
+
+
+def test_prefill_fp32_errors(int4_bundle, tiny_bundle):
+    graph = read_manifest(tiny_bundle).target.graph
+    with pytest.raises(SpecdecError, match="needs the bundle's prefill graph.*re-export.*--prefill onnxruntime"):
+        open_prefillers("fp32", "cpu", tiny_bundle, graph, CPU)
+    int4 = read_manifest(int4_bundle).target.graph
+    with pytest.raises(SpecdecError, match="prefill 'fp32' runs on the CPU.*--prefill onnxruntime"):
+        open_prefillers("fp32", "cuda", int4_bundle, int4, CPU)
+    assert open_prefillers("onnxruntime", "cpu", int4_bundle, int4, CPU) == []
+    [chosen] = open_prefillers("fp32", "cpu", int4_bundle, int4, CPU)
+    assert isinstance(chosen, GraphPrefill) and chosen.required and chosen.session is not None
+    missing = GraphPrefill(int4_bundle / "target" / "gone.onnx", int4, CPU)
+    with pytest.raises(SpecdecError, match="prefill graph .*gone.onnx is missing"):
+        missing.compile()
+
+
+def test_auto_times_the_prefill_graph_and_keeps_its_choice(int4_bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    manifest = read_manifest(int4_bundle)
+    lines: list[str] = []
+    engines = open_engines(int4_bundle, manifest, provider="cpu", cpu=CPU, prefill="auto", progress=lines.append)
+    [path] = sorted((tmp_path / "prefill").glob("*.json"))
+    record = json.loads(path.read_text())
+    assert "fp32" in record["speedups"] and record["seconds"]["fp32"] > 0 and record["errors"] == {}
+    assert "+fp32-prefill" in record["device"]["provider"]  # the candidates are part of what was measured on
+    assert any("timing the" in line and "fp32 prefill" in line for line in lines)
+    assert prefill_name(engines.target).split()[0] == record["runtime"]
+    engines.close()
+    path.write_text(json.dumps({**record, "runtime": "fp32"}))  # as if this device had measured so
+    again: list[str] = []
+    engines = open_engines(int4_bundle, manifest, provider="cpu", cpu=CPU, prefill="auto", progress=again.append)
+    assert not any("timing" in line for line in again)  # cached: never timed twice on one device
+    assert isinstance(engines.target.prefiller, GraphPrefill)
+    assert "fp32-prefill" in engines.verdict.device["provider"]  # verdicts and costs kept apart
+    engines.close()
