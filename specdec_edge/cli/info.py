@@ -29,10 +29,8 @@ def summarize(bundle: str | Path) -> tuple[dict, list]:
     summary["verdicts"] += [
         {**v, "measured": "on first use"} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
     ]
-    summary["prefill"] = [
-        {key: record[key] for key in ("device", "runtime", "rows", "seconds", "speedups", "errors") if key in record}
-        for record in cached_choices(bundle)
-    ]  # fmt: skip
+    keys = ("device", "runtime", "rows", "past", "seconds", "speedups", "errors")
+    summary["prefill"] = [{key: record[key] for key in keys if key in record} for record in cached_choices(bundle)]
     return summary, costs
 
 
