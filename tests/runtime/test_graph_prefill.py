@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from specdec_edge import Pipeline, SpecdecError
+from specdec_edge import SpecdecError
 from specdec_edge.api.engines import open_engines
 from specdec_edge.bundle.manifest import graph_paths, read_manifest
 from specdec_edge.runtime.base import prefill
@@ -21,8 +21,8 @@ from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ov_prefill import prefill_name
 from specdec_edge.runtime.prefill_choice import open_prefillers
 from specdec_edge.runtime.threads import CpuThreads
+from tests.runtime.prefill_checks import check_prefill_is_deterministic, speculate_under_prefill
 
-LONG = "Speculative decoding proposes tokens and verifies them in one pass. " * 3  # > MIN_ROWS tokens here
 CPU = CpuThreads(threads=2)
 
 
@@ -81,13 +81,8 @@ def test_the_prefill_graph_writes_the_cache_the_target_graph_would(int4_bundle):
 
 
 def test_the_prefill_graph_is_deterministic_and_leaves_short_prefills_alone(int4_bundle):
-    engine = target(int4_bundle, True)
+    check_prefill_is_deterministic(target(int4_bundle, True))
     ids = tokens(200, seed=1)
-    prefill(engine, ids)
-    first = engine.cache[..., :200, :].copy()
-    engine.cache[:] = 7.0  # stale slots must not leak into the next prefill
-    prefill(engine, ids)
-    assert np.array_equal(engine.cache[..., :200, :], first)
     short, reference = target(int4_bundle, True), target(int4_bundle, False)
     for e in (short, reference):
         prefill(e, ids[: MIN_ROWS - 1])
@@ -97,15 +92,8 @@ def test_the_prefill_graph_is_deterministic_and_leaves_short_prefills_alone(int4
 
 @pytest.mark.parametrize("method", ["pld", "auto"])
 def test_speculation_is_exact_with_the_prefill_graph(int4_bundle, method):
-    plain = Pipeline.load(int4_bundle, method="plain", prefill="fp32")
-    spec = Pipeline.load(int4_bundle, method=method, prefill="fp32")
+    spec = speculate_under_prefill(int4_bundle, method, "fp32")
     assert prefill_name(spec.engines.target).startswith("fp32 (the bundle's prefill graph")
-    turns = [LONG, LONG + " And once more, in other words."]
-    for reuse in (False, True):
-        for turn in turns:  # the second turn reuses the first's cache where reuse is on
-            a = plain.generate(turn, max_new_tokens=24, reuse=reuse)
-            b = spec.generate(turn, max_new_tokens=24, reuse=reuse)
-            assert a.token_ids == b.token_ids, (method, reuse)
     assert spec.engines.target.prefiller.session is not None  # the long prompts went through it
 
 

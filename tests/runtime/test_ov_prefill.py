@@ -18,10 +18,9 @@ from specdec_edge.runtime.base import prefill
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ov_prefill import MIN_ROWS, OpenVinoPrefill, check_against, open_prefill, prefill_name
 from specdec_edge.runtime.threads import CpuThreads
+from tests.runtime.prefill_checks import LONG, check_prefill_is_deterministic, speculate_under_prefill
 
 pytest.importorskip("openvino", reason="the openvino package (scripts/install.sh installs it)")
-
-LONG = "Speculative decoding proposes tokens and verifies them in one pass. " * 3  # > MIN_ROWS tokens here
 
 
 def tokens(n: int, seed: int = 0) -> list[int]:
@@ -51,13 +50,7 @@ def test_openvino_prefill_writes_the_cache_onnx_runtime_would(tiny_bundle):
 
 
 def test_openvino_prefill_is_deterministic(tiny_bundle):
-    engine = target(tiny_bundle, True)
-    ids = tokens(200, seed=1)
-    prefill(engine, ids)
-    first = engine.cache[..., :200, :].copy()
-    engine.cache[:] = 7.0  # stale slots must not leak into the next prefill
-    prefill(engine, ids)
-    assert np.array_equal(engine.cache[..., :200, :], first)
+    check_prefill_is_deterministic(target(tiny_bundle, True))
 
 
 def test_prefills_shorter_than_min_rows_stay_in_onnx_runtime(tiny_bundle):
@@ -71,15 +64,8 @@ def test_prefills_shorter_than_min_rows_stay_in_onnx_runtime(tiny_bundle):
 
 @pytest.mark.parametrize("method", ["draft", "pld", "auto"])
 def test_speculation_is_exact_with_openvino_prefill(tiny_bundle, method):
-    plain = Pipeline.load(tiny_bundle, method="plain", prefill="openvino")
-    spec = Pipeline.load(tiny_bundle, method=method, prefill="openvino")
+    spec = speculate_under_prefill(tiny_bundle, method, "openvino")
     assert prefill_name(spec.engines.target).startswith("openvino")
-    turns = [LONG, LONG + " And once more, in other words."]
-    for reuse in (False, True):
-        for turn in turns:  # the second turn reuses the first's cache where reuse is on
-            a = plain.generate(turn, max_new_tokens=24, reuse=reuse)
-            b = spec.generate(turn, max_new_tokens=24, reuse=reuse)
-            assert a.token_ids == b.token_ids, (method, reuse)
     assert spec.engines.target.prefiller.compiled is not None  # the long prompts went through OpenVINO
 
 
