@@ -51,6 +51,7 @@ def render(bundle: str | Path, summary: dict, costs: list) -> Iterator[str]:
             f"{m['flavour']} graph, cache {m['cache_capacity']} tokens"
             + (", hidden states" if m["hidden_states"] else "")
             + (f", features of layers {m['feature_layers']}" if m.get("feature_layers") else "")
+            + (", a prefill graph with fp32 activations" if m.get("prefill_graph") else "")
         )
         yield (
             f"    validation vs PyTorch: max rel err {_number(v.get('max_rel_err'), '.2e')} "
@@ -109,6 +110,7 @@ def manifest_summary(manifest: Manifest) -> dict:
             "vocab_size": g.vocab_size,
             "hidden_states": g.has_hidden_states,
             "feature_layers": list(g.feature_layers),
+            "prefill_graph": g.prefill_path,
             "batch_invariant": g.verdict.batch_invariant,
             "min_pass_width": g.verdict.min_pass_width,
             "tree_invariant": g.verdict.tree_invariant,

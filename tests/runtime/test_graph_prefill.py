@@ -15,6 +15,7 @@ from onnx import helper
 from specdec_edge import SpecdecError
 from specdec_edge.api.engines import open_engines
 from specdec_edge.bundle.manifest import graph_paths, read_manifest
+from specdec_edge.cli.info import render, summarize
 from specdec_edge.runtime.base import prefill
 from specdec_edge.runtime.graph_prefill import MIN_ROWS, GraphPrefill
 from specdec_edge.runtime.ort_engine import OrtEngine
@@ -62,6 +63,9 @@ def test_export_writes_the_prefill_graph_beside_a_4bit_target(int4_bundle, tiny_
     assert locations == {"model.onnx.data"}  # the target's weights, not a second copy
     assert not (int4_bundle / "target" / "prefill.onnx.data").exists()
     assert read_manifest(tiny_bundle).target.graph.prefill_path == ""  # fp32: no 4-bit layers, nothing to gain
+    for bundle, shown in ((int4_bundle, True), (tiny_bundle, False)):  # `info` says whether a bundle has one
+        summary, costs = summarize(bundle)
+        assert any("a prefill graph with fp32 activations" in line for line in render(bundle, summary, costs)) == shown
 
 
 def test_the_prefill_graph_writes_the_cache_the_target_graph_would(int4_bundle):
