@@ -83,7 +83,8 @@ class GraphPrefill:
         self.binding.bind_cpu_input("input_ids", step.ids)
         self.binding.bind_cpu_input("position_ids", step.positions)
         self.binding.bind_cpu_input("attention_bias", step.bias)
-        self.binding.bind_cpu_input("logits_to_keep", np.array([step.keep], dtype=np.int64))
+        keep = np.array([step.keep], dtype=np.int64)  # alive through the run: the binding may read its memory then
+        self.binding.bind_cpu_input("logits_to_keep", keep)
         logits, hidden, layers = bind_host_outputs(self.binding, self._outputs, self.graph, seq, step.keep)
         self.session.run_with_iobinding(self.binding)
         return StepOutput(
