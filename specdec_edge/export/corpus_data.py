@@ -84,7 +84,11 @@ def corpus_data(
         key = {"bundle": digest, "ids_sha256": shard["ids_sha256"], "max_tokens": MAX_TOKENS}
         meta = path.with_suffix(".json")
         if not (path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key):
-            pipe = pipe or Pipeline.load(bundle, method="plain", threads=threads, history=False, prompt_cache_mb=0)
+            # The target graph computes every feature, as its decode and verify passes do at run time: not a prefill
+            # graph or OpenVINO, which `--prefill auto` may choose on this machine for prompts (another rounding).
+            pipe = pipe or Pipeline.load(
+                bundle, method="plain", threads=threads, history=False, prompt_cache_mb=0, prefill="onnxruntime"
+            )
             seqs = _shard_features(FeatureTap(pipe.engines.target), corpus, shard, MAX_TOKENS)
             _write_part(path, seqs, pipe.engines.target.graph.hidden_size)
             write_atomic(meta, json.dumps(key))

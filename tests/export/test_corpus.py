@@ -312,3 +312,38 @@ def test_held_out_prompts_are_a_shards_requests_as_bench_reads_them(tmp_path, gr
     assert {p.category for p in prompts} == {"heldout"}
     with pytest.raises(Exception, match="has no shard 7"):
         heldout_prompts(grown, 7, 2)
+
+
+def test_corpus_features_are_the_target_graphs_even_where_a_prefill_graph_would_prefill(
+    tmp_path, chatty_dir, monkeypatch
+):
+    """On a machine where `--prefill auto` chose the bundle's prefill graph (fp32 activations), the features a head
+    trains on still come from the target graph, which computes them at run time in decode and verify passes."""
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.bundle.manifest import read_manifest
+    from specdec_edge.export.corpus_data import corpus_data
+    from specdec_edge.export.exporter import export_bundle
+    from specdec_edge.runtime.base import prefill
+    from specdec_edge.runtime.graph_prefill import GraphPrefill
+    from specdec_edge.speculative.features import FeatureTap
+
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(GraphPrefill, "min_rows", 8)  # the tiny model's sequences are short
+    bundle = export_bundle(
+        str(chatty_dir), tmp_path / "b", dtype="int4", capacity=256, hidden_states=True, progress=False
+    )
+    assert read_manifest(bundle).target.graph.prefill_path
+    Pipeline.load(bundle, method="plain", threads=1).close()  # measures this machine's prefill choice
+    for path in (tmp_path / "cache" / "prefill").glob("*.json"):  # as if the prefill graph had won it here
+        path.write_text(json.dumps({**json.loads(path.read_text()), "runtime": "fp32"}))
+    corpus = tmp_path / "c"
+    grow(bundle, corpus, SETTINGS, answer_tokens_goal=1, threads=1, log=lambda m: None)
+    train, apart = corpus_data(bundle, corpus, tmp_path / "f", held_out_every=10**6, threads=1, progress=False)
+    seq = max(train + apart, key=lambda s: len(s["ids"]))
+    assert len(seq["ids"]) >= 2 * GraphPrefill.min_rows
+    for runtime, same in (("onnxruntime", True), ("fp32", False)):
+        with Pipeline.load(bundle, method="plain", threads=1, prefill=runtime) as pipe:
+            tap = FeatureTap(pipe.engines.target)
+            prefill(tap, seq["ids"].tolist())
+            features = tap.features[: len(seq["ids"])].astype(np.float16)
+        assert np.array_equal(features, seq["features"]) == same, runtime
