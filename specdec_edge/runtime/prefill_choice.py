@@ -53,17 +53,17 @@ def open_prefillers(choice: str, provider: str, root: Path, graph, cpu: CpuThrea
     has one), for ``choose_prefill`` to time."""
     if choice not in PREFILL_RUNTIMES:
         raise SpecdecError(f"unknown prefill runtime {choice!r}; choose one of {', '.join(PREFILL_RUNTIMES)}.")
-    found = []
-    openvino = open_prefill(choice, provider, Path(root) / graph.path, graph, cpu.threads)
-    if openvino is not None:
-        found.append(openvino)
-    if choice in ("fp32", "auto") and provider != "cpu":
-        if choice == "fp32":
+    if provider != "cpu":
+        if choice in ("openvino", "fp32"):
             raise SpecdecError(
-                f"prefill 'fp32' runs on the CPU, beside provider 'cpu'; with provider {provider!r} use "
+                f"prefill {choice!r} runs on the CPU, beside provider 'cpu'; with provider {provider!r} use "
                 "--prefill onnxruntime (or auto)."
             )
-        return found
+        return []
+    found = []
+    if choice in ("openvino", "auto"):
+        openvino = open_prefill(choice, provider, Path(root) / graph.path, graph, cpu.threads)
+        found += [openvino] if openvino is not None else []
     if choice in ("fp32", "auto"):
         graph_prefill = open_graph_prefill(root, graph, cpu)
         if graph_prefill is None and choice == "fp32":
@@ -71,11 +71,10 @@ def open_prefillers(choice: str, provider: str, root: Path, graph, cpu: CpuThrea
                 "prefill 'fp32' needs the bundle's prefill graph, and this bundle has none (exported before it "
                 "existed, or without 4-bit layers); re-export the bundle, or use --prefill onnxruntime (or auto)."
             )
-        if graph_prefill is not None:
-            if choice == "fp32":
-                graph_prefill.required = True
-                graph_prefill.compile()
-            found.append(graph_prefill)
+        if graph_prefill is not None and choice == "fp32":
+            graph_prefill.required = True
+            graph_prefill.compile()
+        found += [graph_prefill] if graph_prefill is not None else []
     return found
 
 
