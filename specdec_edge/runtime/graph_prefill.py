@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import PREFILL_CHUNK, StepInputs, StepOutput
-from specdec_edge.runtime.sessions import bind_host_outputs, check_contract, create_session
+from specdec_edge.runtime.sessions import bind_cache, bind_host_outputs, check_contract, create_session
 from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 
 NAME = "fp32"  # its name among the prefill runtimes (``--prefill fp32``)
@@ -64,14 +64,7 @@ class GraphPrefill:
     def _bind_cache(self, cache: np.ndarray) -> None:
         if self._cache_id == id(cache):
             return
-        spec = self.graph.cache
-        self._cache_values = []
-        for layer in range(spec.num_layers):
-            for k, kind in enumerate(("key", "value")):
-                value = ort.OrtValue.ortvalue_from_numpy(cache[layer, k])
-                self._cache_values.append(value)  # keep alive: binds the numpy memory
-                self.binding.bind_ortvalue_input(spec.input_name(layer, kind), value)
-                self.binding.bind_ortvalue_output(spec.output_name(layer, kind), value)
+        self._cache_values = bind_cache(self.binding, self.graph.cache, cache)  # kept alive: they bind its memory
         self._cache_id = id(cache)
 
     def run(self, cache: np.ndarray, past: int, step: StepInputs) -> StepOutput:

@@ -16,14 +16,19 @@ new K/V in place. The valid length lives here, on the host:
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 
 from specdec_edge.bundle.schema import GraphSpec
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import PREFILL_CHUNK, CachedEngine, StepInputs, StepOutput, pad_step
 from specdec_edge.runtime.chain_inputs import ChainInputs
 from specdec_edge.runtime.ov_prefill import check_against
-from specdec_edge.runtime.sessions import attention_rows, bind_host_outputs, check_contract, create_session
+from specdec_edge.runtime.sessions import (
+    attention_rows,
+    bind_cache,
+    bind_host_outputs,
+    check_contract,
+    create_session,
+)
 from specdec_edge.runtime.threads import DEFAULT_THREADS, CpuThreads, cpu_session_options
 
 
@@ -59,13 +64,7 @@ class OrtEngine(CachedEngine):
         self._keep_bound: int | None = None  # the keep whose input is bound now
         self._chains = ChainInputs(spec.capacity)  # reused inputs of decode and chain-verify passes
         self._chain_bound: int | None = None  # the width whose ids/positions buffers are bound now, or None
-        self._cache_values = []
-        for layer in range(spec.num_layers):
-            for k, kind in enumerate(("key", "value")):
-                value = ort.OrtValue.ortvalue_from_numpy(self.cache[layer, k])
-                self._cache_values.append(value)  # keep alive: binds the numpy memory
-                self.binding.bind_ortvalue_input(spec.input_name(layer, kind), value)
-                self.binding.bind_ortvalue_output(spec.output_name(layer, kind), value)
+        self._cache_values = bind_cache(self.binding, spec, self.cache)  # kept alive: they bind the numpy memory
 
     def run(
         self,

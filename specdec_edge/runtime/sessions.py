@@ -196,6 +196,20 @@ def session_options(threads: int | None = None, share_process: bool = False) -> 
     return opts
 
 
+def bind_cache(binding: ort.IOBinding, spec, cache: np.ndarray) -> list:
+    """Bind each layer's key and value slice of ``cache`` ([layers, 2, batch, kv_heads, capacity, head_dim]) as both
+    the graph's ``past_*`` input and ``present_*`` output (no copy: the graph writes new K/V in place); returns the
+    OrtValues, which the caller keeps alive as long as the binding."""
+    values = []
+    for layer in range(spec.num_layers):
+        for k, kind in enumerate(("key", "value")):
+            value = ort.OrtValue.ortvalue_from_numpy(cache[layer, k])
+            values.append(value)
+            binding.bind_ortvalue_input(spec.input_name(layer, kind), value)
+            binding.bind_ortvalue_output(spec.output_name(layer, kind), value)
+    return values
+
+
 def bind_host_outputs(binding: ort.IOBinding, buffers: dict, graph: GraphSpec, seq: int, keep: int) -> tuple:
     """Bind reused host buffers for one step's logits [1, keep, V] (and hidden states [1, seq, H], layer
     features [1, seq, n*H]) to ``binding``; ``buffers`` caches them per shape. ONNX Runtime writes (or copies
