@@ -36,6 +36,10 @@ class GraphPrefill:
     chunk = PREFILL_CHUNK
     min_rows = MIN_ROWS
     checked = False  # its first pass was checked against the target graph's (OrtEngine.check_prefiller)
+    # What it computes is fixed by the bundle's bytes (checked against their sha256 at load), ONNX Runtime's version
+    # and the CPU: the check passed when `--prefill auto` chose it on this device holds for every later load
+    # (``prefill_choice.choose_prefill``), which then skips it. OpenVINO compiles anew in each process: checked each.
+    check_holds_per_device = True
     required = False  # ``--prefill fp32``: a failure is an error, else the engine prefills with the target graph
 
     def __init__(self, model_path: str | Path, graph, cpu: CpuThreads):

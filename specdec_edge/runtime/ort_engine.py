@@ -141,7 +141,7 @@ class OrtEngine(CachedEngine):
             return self.run(input_ids, logits_to_keep=logits_to_keep)
         if not self.prefiller.checked:
             try:
-                self.check_prefiller(input_ids, logits_to_keep)
+                return self.check_prefiller(input_ids, logits_to_keep)
             except SpecdecError:
                 if self.prefiller.required:
                     raise
@@ -150,17 +150,19 @@ class OrtEngine(CachedEngine):
         step = self.step_inputs(input_ids, None, None, logits_to_keep)
         return self.prefiller.run(self.cache, self.length, step)
 
-    def check_prefiller(self, input_ids, logits_to_keep) -> None:
+    def check_prefiller(self, input_ids, logits_to_keep) -> StepOutput:
         """The prefiller's first pass against this engine's on the same rows (``ov_prefill.check_against``); both
-        write only the uncommitted slots the pass is for."""
+        write only the uncommitted slots the pass is for. Returns the prefiller's pass, whose K/V the slots now hold:
+        the pass that was asked for (not run a second time)."""
         self.prefiller.compile()
         self.run(input_ids, logits_to_keep=logits_to_keep)
         rows = slice(self.length, self.length + np.asarray(input_ids).size)
         want = self.cache[..., rows, :].copy()
-        self.prefiller.run(self.cache, self.length, self.step_inputs(input_ids, None, None, logits_to_keep))
+        out = self.prefiller.run(self.cache, self.length, self.step_inputs(input_ids, None, None, logits_to_keep))
         who = "OpenVINO's prefill" if self.prefiller.name == "openvino" else "the prefill graph"
         check_against(self.cache[..., rows, :], want, who)
         self.prefiller.checked = True
+        return out
 
     def _compact(self, path: np.ndarray) -> None:
         start, n = self.length, len(path)

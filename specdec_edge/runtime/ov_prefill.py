@@ -56,6 +56,7 @@ class OpenVinoPrefill:
     # error of the K/V under CHECK_TOLERANCE); ``required`` (``prefill`` "openvino"): a failure is an error, else
     # the engine prefills in ONNX Runtime from then on.
     checked = False
+    check_holds_per_device = False  # compiled anew in each process: its first pass there is checked
     required = False
 
     def __init__(self, model_path: str | Path, graph, threads: int | None = None):

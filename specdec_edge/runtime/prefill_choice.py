@@ -153,7 +153,9 @@ def decide(measured: dict) -> str:
 
 def choose_prefill(root, graph_path: str, engine, candidates: list, device: dict, progress: Progress | None = None):
     """The prefiller of ``candidates`` that ``engine`` should keep under ``--prefill auto``: the one a cached or a
-    new measurement on ``device`` says prefills at least ``GAIN`` times faster than the target graph, else None."""
+    new measurement on ``device`` says prefills at least ``GAIN`` times faster than the target graph, else None.
+    The measurement checks each candidate's K/V against the target graph's; a prefiller chosen by a cached record
+    and whose check holds per device (the prefill graph) is not checked again at its first pass."""
     digest = bundle_digest(root)
     path = choice_path(digest, graph_path, device)
     record = load_choice(path)
@@ -174,7 +176,12 @@ def choose_prefill(root, graph_path: str, engine, candidates: list, device: dict
         except OSError:
             where = " (the cache is not writable: measured again next time)"
         report(progress, f"specdec-edge: {record['runtime']} prefills here ({why(record)}){where}")
-    return next((c for c in candidates if c.name == record["runtime"]), None)
+        return next((c for c in candidates if c.name == record["runtime"]), None)  # checked by the measurement
+    chosen = next((c for c in candidates if c.name == record["runtime"]), None)
+    if chosen is not None and chosen.check_holds_per_device:
+        # only a candidate whose check passed is ever chosen, and what it computes here has not changed since
+        chosen.checked = True
+    return chosen
 
 
 def why(record: dict) -> str:

@@ -135,3 +135,51 @@ def test_auto_times_the_prefill_graph_and_keeps_its_choice(int4_bundle, tmp_path
     assert isinstance(engines.target.prefiller, GraphPrefill)
     assert "fp32-prefill" in engines.verdict.device["provider"]  # verdicts and costs kept apart
     engines.close()
+
+
+def count_runs(obj, name: str) -> list:
+    """Count the calls of ``obj.name`` (the real call still runs)."""
+    calls, real = [], getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
+
+
+def test_the_checked_first_pass_is_the_prefill_pass(int4_bundle):
+    """The check's pass of the prefill graph is the one prefill asked for: not run a second time, and its K/V and
+    logits are those of a prefiller checked beforehand."""
+    ids = tokens(100, seed=2)
+    fresh, checked = target(int4_bundle, True), target(int4_bundle, True)
+    checked.prefiller.compile()
+    checked.prefiller.checked = True
+    runs = count_runs(fresh.prefiller, "run")
+    target_runs = count_runs(fresh.session, "run_with_iobinding")
+    out = fresh.prefill_run(ids, logits_to_keep=1).logits.copy()
+    assert fresh.prefiller.checked and len(runs) == 1 and len(target_runs) == 1  # one pass each: the check's
+    want = checked.prefill_run(ids, logits_to_keep=1).logits
+    assert np.array_equal(out, want)
+    assert np.array_equal(fresh.cache, checked.cache)
+
+
+def test_a_cached_choice_of_the_prefill_graph_is_not_checked_again(int4_bundle, tmp_path, monkeypatch):
+    """Its check passed when `auto` chose it on this device; what it computes is fixed by the bundle's bytes, ONNX
+    Runtime and the CPU, so a later load prefills without running the target graph on the same rows first."""
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    manifest = read_manifest(int4_bundle)
+    open_engines(int4_bundle, manifest, provider="cpu", cpu=CPU, prefill="auto").close()
+    [path] = sorted((tmp_path / "prefill").glob("*.json"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "runtime": "fp32"}))  # as if measured so here
+    engines = open_engines(int4_bundle, manifest, provider="cpu", cpu=CPU, prefill="auto")
+    engine = engines.target
+    assert isinstance(engine.prefiller, GraphPrefill) and engine.prefiller.checked
+    target_runs = count_runs(engine.session, "run_with_iobinding")
+    prefill(engine, tokens(100, seed=3))
+    assert target_runs == [] and engine.length == 100  # the prefill graph alone wrote the prompt's K/V
+    engines.close()
+    pinned = open_engines(int4_bundle, manifest, provider="cpu", cpu=CPU, prefill="fp32")
+    assert not pinned.target.prefiller.checked  # no measurement behind a pinned one: its first pass is checked
+    pinned.close()

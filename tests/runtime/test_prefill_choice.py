@@ -100,8 +100,9 @@ def test_the_rule_and_a_prefiller_that_cannot_run(tiny_bundle, cache, tmp_path):
     openvino = OpenVinoPrefill(tiny_bundle / graph.path, graph, threads=2)
     measured = measure_prefill(engine, [openvino], rows=60, rounds=2)
     seconds = measured["seconds"]
+    rounding = 1e-3 + 1e-6 / min(seconds.values())  # speedups to 4 digits, seconds to the microsecond
     assert measured["rows"] == measured["past"] == 60 and measured["speedups"]["openvino"] == pytest.approx(
-        seconds["onnxruntime"] / seconds["openvino"], rel=1e-3
+        seconds["onnxruntime"] / seconds["openvino"], rel=rounding
     )
     assert engine.prefiller is None and engine.length == 0  # the measurement leaves the engine as it found it
     broken = tmp_path / "model.onnx"
