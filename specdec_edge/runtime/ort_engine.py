@@ -139,14 +139,15 @@ class OrtEngine(CachedEngine):
         rows = np.asarray(input_ids).size
         if self.prefiller is None or rows < self.prefiller.min_rows:
             return self.run(input_ids, logits_to_keep=logits_to_keep)
-        if not self.prefiller.checked:
-            try:
+        try:  # the first pass compiles it (once), and checks it unless a cached choice vouches for it
+            if not self.prefiller.checked:
                 return self.check_prefiller(input_ids, logits_to_keep)
-            except SpecdecError:
-                if self.prefiller.required:
-                    raise
-                self.prefiller = None
-                return self.run(input_ids, logits_to_keep=logits_to_keep)
+            self.prefiller.compile()
+        except SpecdecError:
+            if self.prefiller.required:
+                raise
+            self.prefiller = None
+            return self.run(input_ids, logits_to_keep=logits_to_keep)
         step = self.step_inputs(input_ids, None, None, logits_to_keep)
         return self.prefiller.run(self.cache, self.length, step)
 

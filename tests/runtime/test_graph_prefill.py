@@ -6,6 +6,7 @@ times it with the other candidates; clear errors. Real ONNX Runtime sessions on 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -183,3 +184,17 @@ def test_a_cached_choice_of_the_prefill_graph_is_not_checked_again(int4_bundle, 
     pinned = open_engines(int4_bundle, manifest, provider="cpu", cpu=CPU, prefill="fp32")
     assert not pinned.target.prefiller.checked  # no measurement behind a pinned one: its first pass is checked
     pinned.close()
+
+
+def test_a_vouched_prefill_graph_that_cannot_load_leaves_the_target_graph_prefilling(int4_bundle, tmp_path):
+    """Skipping the check must not skip the fallback: under `auto`, a prefill graph that fails to load at its first
+    pass is dropped before it writes anything, as an unchecked one is."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(int4_bundle, bundle)
+    engine, reference = target(bundle, True), target(bundle, False)
+    engine.prefiller.checked = True  # as a cached choice leaves it
+    (bundle / read_manifest(bundle).target.graph.prefill_path).unlink()  # gone after the load
+    ids = tokens(100, seed=4)
+    prefill(engine, ids)
+    prefill(reference, ids)
+    assert engine.prefiller is None and np.array_equal(engine.cache, reference.cache)
