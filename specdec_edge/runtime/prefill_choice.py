@@ -159,7 +159,8 @@ def choose_prefill(root, graph_path: str, engine, candidates: list, device: dict
     digest = bundle_digest(root)
     path = choice_path(digest, graph_path, device)
     record = load_choice(path)
-    if record is None:
+    cached = record is not None
+    if not cached:
         names = " and ".join(c.name for c in candidates)
         report(
             progress,
@@ -176,9 +177,8 @@ def choose_prefill(root, graph_path: str, engine, candidates: list, device: dict
         except OSError:
             where = " (the cache is not writable: measured again next time)"
         report(progress, f"specdec-edge: {record['runtime']} prefills here ({why(record)}){where}")
-        return next((c for c in candidates if c.name == record["runtime"]), None)  # checked by the measurement
     chosen = next((c for c in candidates if c.name == record["runtime"]), None)
-    if chosen is not None and chosen.check_holds_per_device:
+    if cached and chosen is not None and chosen.check_holds_per_device:
         # only a candidate whose check passed is ever chosen, and what it computes here has not changed since
         chosen.checked = True
     return chosen
