@@ -507,7 +507,10 @@ def device_verdict(
 ) -> Verdict:
     """The verdict that holds for ``engine`` on ``device``: the one export ``recorded`` if it was measured on this
     very device (by a version that checks the key residues), else the cached one, else measured now (seconds;
-    cached; ``progress`` gets a line before and after). The engine gets its padding and boundaries from it."""
+    cached; ``progress`` gets a line before and after). The engine gets its padding and boundaries from it.
+
+    Where another runtime prefills (``engine.prefiller``) and this device's verdict with the target graph prefilling
+    is known (recorded or cached), only the check a prefill runtime changes is measured (``with_prefiller``)."""
     if recorded.device == device and "residue_period" in recorded.details:  # measured by this version, here
         verdict = recorded
     else:
@@ -517,18 +520,59 @@ def device_verdict(
         if verdict is None:
             other = ", ".join(k for k in device if recorded.device.get(k) != device[k]) or "device"
             damaged = f"; the cached one, {path}, is damaged or edited" if path.exists() else ""
+            base = _without_prefiller(recorded, digest, graph_path, engine, device)
+            what = "verification is exact here" if base is None else "a reused cache matches a fresh prefill here"
             report(
                 progress,
                 f"specdec-edge: checking on {device.get('name')} ({device.get('provider')}, threads "
-                f"{device.get('threads')}) that verification is exact here (the bundle was checked with another "
-                f"{other}{damaged}); once per device and setting, seconds to a minute",
+                f"{device.get('threads')}) that {what} (the bundle was checked with another {other}{damaged}); "
+                "once per device and setting, seconds to a minute",
             )
-            verdict = to_verdict(measure(engine), device)
+            verdict = to_verdict(measure(engine), device) if base is None else with_prefiller(base, engine, device)
             saved = save_verdict(path, digest, graph_path, verdict)
             where = f"; cached in {saved}" if saved else " (the cache is not writable: measured again next time)"
             report(progress, f"specdec-edge: checked in {verdict.details.get('seconds')} s{where}")
     apply(engine, verdict)
     return verdict
+
+
+def _without_prefiller(
+    recorded: Verdict, digest: str, graph_path: str, engine: CachedEngine, device: dict
+) -> Verdict | None:
+    """This device's verdict with the target graph prefilling (the device identity without the prefill runtime's
+    part, ``ov_prefill.prefill_setting``), where export recorded it or it is cached; None where another runtime does
+    not prefill, or that verdict is not known."""
+    setting = getattr(getattr(engine, "prefiller", None), "setting", "")
+    provider = str(device.get("provider") or "")
+    if not setting or not provider.endswith(setting) or provider == setting:
+        return None
+    base = {**device, "provider": provider[: -len(setting)]}
+    if recorded.device == base and "residue_period" in recorded.details:
+        return recorded
+    return load_verdict(verdict_path(digest, graph_path, base), digest, graph_path, base)
+
+
+def with_prefiller(base: Verdict, engine: CachedEngine, device: dict) -> Verdict:
+    """``base`` (this device's verdict with the target graph prefilling) for ``engine``, whose prefill passes another
+    runtime runs: the reuse check measured again, every other check kept.
+
+    What a prefill runtime changes is the K/V a prompt's prefill writes. The decode-side checks compare passes of
+    several widths against plain decoding's over one cache, whatever wrote it: the rows' rounding depends on the
+    pass's kernels and shapes, which prefill does not touch. The reuse check compares a cache written partly by decode
+    passes with a fresh prefill: that one depends on the prefill runtime and is measured (``_reuse_rows_match``)."""
+    start = time.perf_counter()
+    apply(engine, base)
+    probe = _Probe(engine, seed=0)
+    same, worst = _reuse_rows_match(probe)
+    engine.reset()
+    details = {
+        **base.details,
+        "reuse_matches_prefill": same,
+        "reuse_max_abs_diff": worst,
+        "decode_checks_from": base.device.get("provider"),  # the setting whose decode-side checks these are
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+    return Verdict(base.batch_invariant, base.min_pass_width, base.tree_invariant, base.max_width, device, details)
 
 
 def apply(engine: CachedEngine, verdict: Verdict) -> None:

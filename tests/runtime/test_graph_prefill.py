@@ -23,6 +23,7 @@ from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ov_prefill import prefill_name
 from specdec_edge.runtime.prefill_choice import open_prefillers
 from specdec_edge.runtime.threads import CpuThreads
+from specdec_edge.runtime.verdicts import device_verdict, measure, to_verdict
 from tests.runtime.prefill_checks import check_prefill_is_deterministic, speculate_under_prefill
 
 CPU = CpuThreads(threads=2)
@@ -198,3 +199,39 @@ def test_a_vouched_prefill_graph_that_cannot_load_leaves_the_target_graph_prefil
     prefill(engine, ids)
     prefill(reference, ids)
     assert engine.prefiller is None and np.array_equal(engine.cache, reference.cache)
+
+
+def test_a_prefill_runtimes_verdict_measures_only_the_reuse_check(int4_bundle, tmp_path, monkeypatch):
+    """Where this device's verdict with the target graph prefilling is known (export recorded it, or it is cached), the
+    verdict with the prefill graph keeps its decode-side checks and measures the reuse check again, and it says so.
+    What it keeps is what a whole measurement with the prefill graph finds; a device whose base verdict is unknown is
+    measured whole."""
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    graph = read_manifest(int4_bundle).target.graph
+    base_device = {**graph.verdict.device, "threads": "2"}
+    base = device_verdict(int4_bundle, graph.verdict, graph.path, target(int4_bundle, False), base_device)
+    assert "decode_checks_from" not in base.details  # measured whole: the export recorded other threads
+    engine = target(int4_bundle, True)
+    device = {**base_device, "provider": base_device["provider"] + engine.prefiller.setting}
+    lines = []
+    derived = device_verdict(int4_bundle, graph.verdict, graph.path, engine, device, progress=lines.append)
+    assert "a reused cache matches a fresh prefill" in lines[0] and "cached in" in lines[1]
+    assert derived.device == device and derived.details["decode_checks_from"] == base_device["provider"]
+    assert engine.min_width == derived.min_pass_width and engine.length == 0
+    whole = to_verdict(measure(target(int4_bundle, True)), device)
+    keys = ("boundaries", "bad_residues", "single_row_matches", "reuse_matches_prefill")
+    assert [getattr(whole, f) for f in ("batch_invariant", "min_pass_width", "tree_invariant", "max_width")] == [
+        getattr(derived, f) for f in ("batch_invariant", "min_pass_width", "tree_invariant", "max_width")
+    ]
+    assert {k: whole.details[k] for k in keys} == {k: derived.details[k] for k in keys}
+    assert not derived.details["reuse_matches_prefill"]  # fp32 activations in prefill, int8 in decode passes
+    lines.clear()  # cached: nothing measured on the next load
+    assert device_verdict(int4_bundle, graph.verdict, graph.path, target(int4_bundle, True), device) == derived
+    # the export's own record is a base too, with nothing cached
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path / "empty"))
+    from_record = device_verdict(int4_bundle, base, graph.path, target(int4_bundle, True), device)
+    assert from_record.details["decode_checks_from"] == base_device["provider"]
+    # unknown base (other threads): measured whole
+    other = {**device, "threads": "1"}
+    measured = device_verdict(int4_bundle, graph.verdict, graph.path, target(int4_bundle, True), other)
+    assert "decode_checks_from" not in measured.details
