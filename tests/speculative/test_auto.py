@@ -24,7 +24,7 @@ from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.verdicts import verdict_path
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
-from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes
+from specdec_edge.speculative.auto import GUARD_WINDOW, AutoProposer, Candidate, accepted_nodes, depth_to_ask
 from specdec_edge.speculative.costs import CostModel
 from specdec_edge.speculative.loop import decode, prefill
 from specdec_edge.speculative.methods import Resources, auto_candidates
@@ -135,6 +135,14 @@ def test_a_costly_proposer_is_asked_one_level_past_what_its_options_are_worth():
     cheap = Deep(0.0)
     AutoProposer([Candidate("cheap", cheap, fixed_rates(0.3))], scripted_costs(0.006)).propose([1, 2, 3], 6)
     assert cheap.asked == [6]
+
+
+def test_the_depth_asked_is_one_level_past_the_rounded_width():
+    """A head whose options were worth 1.1 nodes is asked two levels, not three (each level is a head run); one worth
+    1.5 or more is asked three, so the depth still grows a level at a time; never below 1 nor above k."""
+    asked = {w: depth_to_ask(Candidate("head", Deep(0.001), fixed_rates(0.5), width=w), 6) for w in
+             (0.0, 0.4, 1.0, 1.1, 1.49, 1.5, 2.2, 2.6, 5.9)}  # fmt: skip
+    assert asked == {0.0: 1, 0.4: 1, 1.0: 2, 1.1: 2, 1.49: 2, 1.5: 3, 2.2: 3, 2.6: 4, 5.9: 6}
 
 
 def test_the_guard_falls_back_to_plain_then_tries_again():
