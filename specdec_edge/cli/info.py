@@ -27,7 +27,7 @@ def summarize(bundle: str | Path) -> tuple[dict, list]:
     summary["step_costs"] = [c.to_json() for c in costs]
     summary["verdicts"] = [{**manifest.target.graph.verdict.to_json(), "measured": "at export"}]
     summary["verdicts"] += [
-        {**v, "measured": "on first use"} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
+        {**v, "measured": _first_use(v)} for v in cached_verdicts(bundle) if v["graph"] == manifest.target.graph.path
     ]
     keys = ("device", "runtime", "rows", "past", "seconds", "speedups", "errors")
     summary["prefill"] = [{key: record[key] for key in keys if key in record} for record in cached_choices(bundle)]
@@ -143,3 +143,9 @@ def manifest_summary(manifest: Manifest) -> dict:
 def _number(x, spec: str) -> str:
     """``x`` formatted with ``spec``, or "?" when the manifest holds no number there."""
     return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
+
+
+def _first_use(verdict: dict) -> str:
+    """How a verdict cached on first use was measured: whole, or its reuse check alone (``verdicts.with_prefiller``)."""
+    base = verdict.get("details", {}).get("decode_checks_from")
+    return "on first use" if not base else f"on first use; its decode checks are the {base} setting's"

@@ -227,6 +227,8 @@ def test_a_prefill_runtimes_verdict_measures_only_the_reuse_check(int4_bundle, t
     assert not derived.details["reuse_matches_prefill"]  # fp32 activations in prefill, int8 in decode passes
     lines.clear()  # cached: nothing measured on the next load
     assert device_verdict(int4_bundle, graph.verdict, graph.path, target(int4_bundle, True), device) == derived
+    shown = "\n".join(render(int4_bundle, *summarize(int4_bundle)))  # `info` says how it was measured
+    assert f"its decode checks are the {base_device['provider']} setting's" in shown
     # the export's own record is a base too, with nothing cached
     monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path / "empty"))
     from_record = device_verdict(int4_bundle, base, graph.path, target(int4_bundle, True), device)
