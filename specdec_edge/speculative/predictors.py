@@ -55,6 +55,11 @@ class Predictor(ABC):
             rates[i] = (accepted + self.strength * prior) / (seen + self.strength)
         return rates, keys
 
+    def untried(self, key: Hashable) -> bool:
+        """Whether nodes of ``key`` have hardly been judged: ``auto`` then verifies such a node one past the best
+        prefix, so that a rate priced just below its row is learned instead of kept at its prior forever."""
+        return False
+
     def update(self, keys: list[Hashable], accepted: np.ndarray, reached: np.ndarray) -> None:
         """Count one verdict per verified node: ``accepted[i]`` for the node of ``keys[i]``; ``reached[i]``: its
         parent was accepted (or it has none), the only case a conditional model (``NodeRates``) counts."""
@@ -62,6 +67,10 @@ class Predictor(ABC):
             entry = self.table.setdefault(key, [0.0, 0.0])
             entry[0] += bool(ok)
             entry[1] += 1.0
+
+
+# A node's key is explored until it has been judged this often after its parent was accepted (``untried``).
+EXPLORE = 2
 
 
 class NodeRates(Predictor):
@@ -85,6 +94,9 @@ class NodeRates(Predictor):
             if parent >= 0:
                 rates[i] *= rates[parent]
         return rates, keys
+
+    def untried(self, key) -> bool:
+        return self.table.get(key, (0.0, 0.0))[1] < EXPLORE
 
     def update(self, keys, accepted, reached):
         for key, ok, counted in zip(keys, accepted, reached):
