@@ -18,10 +18,11 @@ speed, never the output (greedy output equals plain's token for token; sampling 
 target's distribution). Sampling with a seed follows a fixed rule instead (the first candidate that
 proposes), so that the seed pins the text as with any fixed method.
 
-Two safety nets: every proposer is verified now and then even when its model says no (a probe,
-rarer each time it fails), so a model cannot stay wrong; and a guard watches the real throughput
-of the last ``GUARD_WINDOW`` steps: when it falls below what plain decoding would give, ``auto``
-runs plain steps for a while (longer after each relapse) and then tries again.
+Three safety nets: every proposer is verified now and then even when its model says no (a probe,
+rarer each time it fails), and a node one past the best prefix is verified while its key is untried (a node
+priced just below its row would otherwise never be learned), so a model cannot stay wrong; and a guard watches
+the real throughput of the last ``GUARD_WINDOW`` steps: when it falls below what plain decoding would give,
+``auto`` runs plain steps for a while (longer after each relapse) and then tries again.
 """
 
 from __future__ import annotations

@@ -204,27 +204,33 @@ def test_calibration_learns_one_ratio_across_bins():
     assert 0 < model.ratio < 0.15
 
 
-def test_auto_verifies_deeper_where_the_first_tokens_keep_being_accepted():
-    # A prompt-lookup-like chain whose every token the target accepts, a prior of 0.35 per step and rows at 10 % of
-    # a pass: at first one or two tokens are worth verifying, then the learned rates carry the width up (a model of
-    # unconditional rates left every unverified node at 0.35 ** depth and kept the width at 2).
-    truth = list(range(100, 300))
-    model = NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.35)
+def copy_widths(model, row_cost: float, k: int, until: int) -> list[int]:
+    """The widths ``auto`` verifies, step by step, of a prompt-lookup-like chain whose every token the target
+    accepts (each pass slept as the cost model prices it), until the context holds ``until`` tokens."""
+    truth = list(range(100, 100 + until + k + 2))
 
     class Copy(Proposer):
         def propose(self, context, k):
             n = len(context)
             return Proposal(np.array(truth[n : n + k], dtype=np.int64), source="copy")
 
-    auto = AutoProposer([Candidate("copy", Copy(), model)], scripted_costs(0.001))
+    auto = AutoProposer([Candidate("copy", Copy(), model)], scripted_costs(row_cost))
     context, widths = [1, 2, 3], []
-    while len(context) < 120:
-        proposal = auto.propose(context, 6)
+    while len(context) < until:
+        proposal = auto.propose(context, k)
         widths.append(len(proposal.tokens))
         time.sleep(auto.costs.verify(len(proposal.tokens) + 1, len(context)))  # the pass, as the cost model says
         auto.observe(proposal, np.zeros((len(proposal.tokens) + 1, 4), np.float32))
         context = context + truth[len(context) : len(context) + len(proposal.tokens) + 1]
         auto.commit(context)
+    return widths
+
+
+def test_auto_verifies_deeper_where_the_first_tokens_keep_being_accepted():
+    # A prior of 0.35 per step and rows at 10 % of a pass: at first one or two tokens are worth verifying, then the
+    # learned rates carry the width up (a model of unconditional rates left every unverified node at 0.35 ** depth
+    # and kept the width at 2).
+    widths = copy_widths(NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.35), 0.001, 6, 120)
     assert widths[0] <= 2 and max(widths) >= 4, widths
 
 
@@ -234,23 +240,8 @@ def test_a_deeper_node_priced_just_below_its_row_is_still_tried_and_learned():
     an AVX2 CPU ran one token deep in some processes and 2.3 deep in others, 1.31x against 1.40x). A node past the
     best prefix whose key has hardly been verified is verified too, until it has been; here every token is
     accepted, so the width grows."""
-    truth = list(range(100, 300))
     model = NodeRates(key=lambda p, pr, i: i, prior=lambda p, pr, i: 0.42)
-
-    class Copy(Proposer):
-        def propose(self, context, k):
-            n = len(context)
-            return Proposal(np.array(truth[n : n + k], dtype=np.int64), source="copy")
-
-    auto = AutoProposer([Candidate("copy", Copy(), model)], scripted_costs(0.003))
-    context, widths = [1, 2, 3], []
-    while len(context) < 150:
-        proposal = auto.propose(context, 4)
-        widths.append(len(proposal.tokens))
-        time.sleep(auto.costs.verify(len(proposal.tokens) + 1, len(context)))  # the pass, as the cost model says
-        auto.observe(proposal, np.zeros((len(proposal.tokens) + 1, 4), np.float32))
-        context = context + truth[len(context) : len(context) + len(proposal.tokens) + 1]
-        auto.commit(context)
+    widths = copy_widths(model, 0.003, 4, 150)
     assert widths[-1] >= 3 and model.table[1][1] >= 2, (widths, model.table)
 
 
