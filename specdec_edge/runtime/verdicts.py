@@ -58,6 +58,7 @@ from specdec_edge.exactness import Verdict
 from specdec_edge.progress import Progress, report
 from specdec_edge.runtime.base import PREFILL_CHUNK, RESIDUE_PERIOD, RESIDUE_WIDTHS, CachedEngine, prefill
 from specdec_edge.runtime.device import device_key
+from specdec_edge.runtime.ov_prefill import prefill_setting
 from specdec_edge.runtime.tree import path_to, tree_inputs
 from specdec_edge.user_cache import cache_dir
 
@@ -540,9 +541,9 @@ def _without_prefiller(
     recorded: Verdict, digest: str, graph_path: str, engine: CachedEngine, device: dict
 ) -> Verdict | None:
     """This device's verdict with the target graph prefilling (the device identity without the prefill runtime's
-    part, ``ov_prefill.prefill_setting``), where export recorded it or it is cached; None where another runtime does
+    part, ``prefill_setting``), where export recorded it or it is cached; None where another runtime does
     not prefill, or that verdict is not known."""
-    setting = getattr(getattr(engine, "prefiller", None), "setting", "")
+    setting = prefill_setting(engine)
     provider = str(device.get("provider") or "")
     if not setting or not provider.endswith(setting) or provider == setting:
         return None
