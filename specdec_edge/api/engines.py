@@ -28,7 +28,7 @@ from specdec_edge.api.prompt_cache import (
     prefix_digest,
     snapshot_problem,
 )
-from specdec_edge.api.step_costs import CostKey, device_costs
+from specdec_edge.api.step_costs import WIDTHS, CostKey, device_costs
 from specdec_edge.atomic import write_atomic
 from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.bundle.schema import Manifest
@@ -56,9 +56,9 @@ from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.table import NgramTable
 
-# (the engine the loop drives, the proposers whose own cost to measure, how to hold the engines while measuring)
-# -> the device's step costs
-StepCosts = Callable[[Engine, Mapping[str, Proposer], Callable[[], AbstractContextManager]], CostModel]
+# (the engine the loop drives, the proposers whose own cost to measure, how to hold the engines while measuring,
+# the widths to measure) -> the device's step costs
+StepCosts = Callable[[Engine, Mapping[str, Proposer], Callable[[], AbstractContextManager], tuple[int, ...]], CostModel]
 
 
 class Engines:
@@ -94,16 +94,21 @@ class Engines:
                 verdict = to_verdict(measure(target), {})
         apply(target, verdict)
         self.target, self.draft, self.heads, self.verdict = target, draft, dict(heads or {}), verdict
-        self._step_costs = step_costs or (lambda engine, proposers, hold: device_costs(None, engine, proposers, hold))
+        self._step_costs = step_costs or (
+            lambda engine, proposers, hold, widths: device_costs(None, engine, proposers, hold, widths=widths)
+        )
         self.capacity = min(e.capacity for e in (target, draft) if e is not None)
         self.prompt_cache = prompt_cache
         self.digest = digest
         self.table = table  # the bundle's n-gram table (speculative/table.py), or None
         self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
 
-    def step_costs(self, engine: Engine, proposers: Mapping[str, Proposer]) -> CostModel:
-        """``auto``'s step costs on this device: cached, else measured now on ``engine`` under the lease."""
-        return self._step_costs(engine, proposers, self.lease.holding)
+    def step_costs(
+        self, engine: Engine, proposers: Mapping[str, Proposer], widths: tuple[int, ...] = WIDTHS
+    ) -> CostModel:
+        """``auto``'s step costs on this device: cached, else measured now on ``engine`` under the lease, at
+        ``widths`` (``step_costs.CHAIN_WIDTHS`` where only chains are verified)."""
+        return self._step_costs(engine, proposers, self.lease.holding, widths)
 
     def claim(self, owner, keep: bool = True) -> None:
         """Before a call of ``owner`` (under its lease): where the caches hold another owner's context, set it aside
@@ -278,8 +283,9 @@ def open_engines(
     verdict = device_verdict(root, graph.verdict, graph.path, target, device, progress=progress)
     key = CostKey.for_bundle(root, device, cpu.spinning)  # the same device identity
 
-    def step_costs(engine: Engine, proposers: Mapping[str, Proposer], hold) -> CostModel:
-        return device_costs(replace(key, candidates=tuple(proposers)), engine, proposers, hold, progress=progress)
+    def step_costs(engine: Engine, proposers: Mapping[str, Proposer], hold, widths) -> CostModel:
+        keyed = replace(key, candidates=tuple(proposers), widths=tuple(widths))
+        return device_costs(keyed, engine, proposers, hold, progress=progress)
 
     heads = load_head_graphs(root, manifest.heads, cpu)
     cache = PromptCache(int(prompt_cache_mb * 2**20)) if prompt_cache_mb else None

@@ -31,6 +31,7 @@ from specdec_edge.api.request import (
 )
 from specdec_edge.api.request import encode as encode_prompt
 from specdec_edge.api.settings import LoadSettings, check_history_memory
+from specdec_edge.api.step_costs import CHAIN_WIDTHS, WIDTHS
 from specdec_edge.api.streaming import GenerationResult, Stream, text_pieces
 from specdec_edge.bundle.hashes import check_hashes
 from specdec_edge.bundle.manifest import read_manifest
@@ -270,8 +271,8 @@ def _method_decoder(
     engine = FeatureTap(engines.target) if spec.taps_features(engines.heads) else engines.target
     trees = trees_allowed(verdict, dtype, allow_inexact)
 
-    def costs(proposers):  # auto's step costs of this device (cached, else measured now)
-        return engines.step_costs(engine, proposers)
+    def costs(proposers):  # auto's step costs of this device (cached, else measured now): chains' widths only
+        return engines.step_costs(engine, proposers, WIDTHS if trees else CHAIN_WIDTHS)  # where trees are refused
 
     # history=True: the calls may pass a history store (``Generation`` passes its own to the proposers' prefill)
     resources = Resources(

@@ -1,7 +1,8 @@
 """Measuring and caching what a step costs on this device (the ``CostModel`` of ``speculative/costs.py``).
 
-* the target's pass at widths 1..32 (``WIDTHS``) at two context lengths (``CONTEXTS``, clamped to the
-  cache), the least of a few interleaved runs each, after a warm-up -- a couple of seconds;
+* the target's pass at widths 1..32 (``WIDTHS``; 1..8, ``CHAIN_WIDTHS``, where the device's verdict allows
+  chains only: wider passes are priced by extrapolation, ``CostModel.verify``) at two context lengths
+  (``CONTEXTS``, clamped to the cache), the least of a few interleaved runs each, after a warm-up -- a few seconds;
 * each candidate proposer's propose + commit time, over a short real decode of a synthetic prompt.
 
 The result is cached per bundle (the hash of its manifest, which lists every file's sha256), device (the identity
@@ -35,10 +36,14 @@ from specdec_edge.speculative.proposal import Proposer
 from specdec_edge.speculative.stats import Stats
 from specdec_edge.user_cache import cache_dir
 
-COST_FORMAT = 4  # bumped when what is measured or keyed changes: older cache files are then ignored
+COST_FORMAT = 5  # bumped when what is measured or keyed changes: older cache files are then ignored
 # (2: keyed by the device identity the verdicts use; 3: the least of interleaved rounds, not consecutive medians;
-# 4: a shorter context's curve capped by the longer one's)
+# 4: a shorter context's curve capped by the longer one's; 5: keyed by the widths measured)
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
+# Where trees are refused (``exactness.trees_allowed``), a pass verifies a chain: 1 + k rows, k = 6 for auto. The
+# widths past 8 cost most of the measuring (on a 2-core AVX2 CPU 12-17 s of a first load, ~70 % of it in widths
+# 10-32) and a chain seldom reaches them; their price is extrapolated from the last measured row's.
+CHAIN_WIDTHS = tuple(w for w in WIDTHS if w <= 8)
 CONTEXTS = (64, 512)
 ROUNDS = (4, 8)  # interleaved rounds over the widths, least and most; each width keeps its least time
 SETTLED = 0.02  # after the least rounds, measuring stops at a round that lowered no width's time by more than this
@@ -56,6 +61,7 @@ class CostKey:
     device: str
     threads: str  # "2", or "default" (one per physical core), with ",sleeping" for per-session pools
     candidates: tuple[str, ...] = ()  # the proposers whose own cost was measured
+    widths: tuple[int, ...] = WIDTHS  # the widths measured (CHAIN_WIDTHS where trees are refused)
     format: int = COST_FORMAT
 
     @classmethod
@@ -183,10 +189,11 @@ def device_costs(
     proposers: Mapping[str, Proposer] | None = None,
     hold: Callable[[], AbstractContextManager] = nullcontext,
     *,
+    widths: tuple[int, ...] = WIDTHS,
     progress: Progress | None = None,
 ) -> CostModel:
-    """The cached costs for ``key``, measured now (and cached) if there are none; ``key`` None: measured, not
-    cached.
+    """The cached costs for ``key``, measured now (and cached) if there are none; ``key`` None: measured at
+    ``widths``, not cached (a key names its own widths).
 
     ``hold``: the engines' lease (``EngineLease.holding``), held while measuring: the measurement overwrites the
     caches that a call over the same engines may be using. ``progress`` gets one line before measuring and one
@@ -198,10 +205,11 @@ def device_costs(
     where = "this device" if key is None else f"{key.device} ({key.provider}, threads {key.threads})"
     report(progress, f"specdec-edge: measuring step costs on {where}; once per bundle, a few seconds")
     start = time.perf_counter()
+    widths = widths if key is None else key.widths
     with hold():
-        contexts, seconds = measure_verify(engine)
+        contexts, seconds = measure_verify(engine, widths)
         proposer_costs = measure_proposers(engine, proposers or {})
-    model = CostModel(list(WIDTHS), contexts, seconds, proposer_costs)
+    model = CostModel(list(widths), contexts, seconds, proposer_costs)
     model.measured_s = time.perf_counter() - start
     if key is None:
         report(progress, f"specdec-edge: measured in {model.measured_s:.1f} s")

@@ -44,6 +44,10 @@ GAIN = 1.1  # another runtime prefills only where its pass takes at most 1/GAIN 
 # roundings are no closer to fp32 than ONNX Runtime's. On an AVX2 CPU it runs at 0.97-1.08x the target graph's
 # speed from one measurement to the next (docs/lab/prefill-and-passes.md): a bar at 1.0 would choose by noise.
 GAINS = {"fp32": 0.95}
+# A candidate whose first timed pass took longer than 1 / (OUT * its bar) of the target graph's is not timed again:
+# no later pass of a 3-round least would bring it up to its bar (OpenVINO on an AVX2 CPU: 0.57-0.84x against 1.1;
+# the two rounds it skips are ~3 s of a first load there).
+OUT = 0.8
 
 
 def open_prefillers(choice: str, provider: str, root: Path, graph, cpu: CpuThreads) -> list:
@@ -88,7 +92,8 @@ def measure_prefill(engine, candidates: list, rows: int = ROWS, rounds: int = RO
     long prompt, where prefill time goes) by the target graph (``engine.run``) and by each of ``candidates``
     (prefillers): ``{"rows", "past", "seconds": {name: s}, "speedups": {name: x}, "errors": {name: why}}``. A
     candidate that cannot run the graph or disagrees with the target graph (``OrtEngine``'s check) is left out, with
-    why. The engine's cache is left empty and no prefiller attached."""
+    why; one far below its bar after a round (``OUT``) is timed no more. The engine's cache is left empty and no
+    prefiller attached."""
     rows = max(1, min(rows, engine.capacity // 4))
     ids = np.random.default_rng(0).integers(0, engine.vocab_size, size=2 * rows)
     context, part = ids[:rows], ids[rows:]
@@ -115,6 +120,7 @@ def measure_prefill(engine, candidates: list, rows: int = ROWS, rounds: int = RO
                 start = time.perf_counter()
                 candidate.run(engine.cache, rows, engine.step_inputs(part, None, None, 1))
                 times[candidate.name].append(time.perf_counter() - start)
+            usable = [c for c in usable if min(times["onnxruntime"]) / min(times[c.name]) >= OUT * bar(c.name)]
     finally:
         engine.prefiller = None
         engine.reset()
@@ -143,11 +149,16 @@ def load_choice(path: Path) -> dict | None:
     return data if data.get("runtime") in RUNTIMES else None
 
 
+def bar(name: str) -> float:
+    """The speedup over the target graph at which the candidate ``name`` prefills (``GAINS``, else ``GAIN``)."""
+    return GAINS.get(name, GAIN)
+
+
 def decide(measured: dict) -> str:
-    """The fastest candidate of a measurement among those at least their gain (``GAINS``, else ``GAIN``) times the
-    target graph's speed, else "onnxruntime" (the target graph prefills)."""
+    """The fastest candidate of a measurement among those at least their gain (``bar``) times the target graph's
+    speed, else "onnxruntime" (the target graph prefills)."""
     speedups = measured.get("speedups") or {}
-    paying = {name: x for name, x in speedups.items() if x >= GAINS.get(name, GAIN)}
+    paying = {name: x for name, x in speedups.items() if x >= bar(name)}
     return max(paying, key=paying.get) if paying else "onnxruntime"
 
 

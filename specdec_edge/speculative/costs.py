@@ -36,7 +36,8 @@ class CostModel:
     measured_s: float = 0.0  # how long measuring took
 
     def verify(self, width: int, context: int) -> float:
-        """Seconds of one target pass of ``width`` rows after ``context`` tokens (interpolated, clamped).
+        """Seconds of one target pass of ``width`` rows after ``context`` tokens (interpolated; contexts clamped to
+        the measured ones, widths past the widest extrapolated).
 
         ``auto`` asks this for a handful of widths a dozen times a step at one context: the answers at the
         last context asked are kept (``_at``), as interpolating costs more than the rest of a choice."""
@@ -45,9 +46,18 @@ class CostModel:
             at = self._at = (context, {})
         seconds = at[1].get(width)
         if seconds is None:
-            by_width = [interp(width, self.widths, row) for row in self.seconds]
+            by_width = [self._by_width(width, row) for row in self.seconds]
             seconds = at[1][width] = interp(context, self.contexts, by_width)
         return seconds
+
+    def _by_width(self, width: int, row: list[float]) -> float:
+        """One context's seconds at ``width``: interpolated; past the widest measured width, the last measured step's
+        cost per row goes on (a device without trees measures only chains' widths, ``api/step_costs.py``)."""
+        widths = self.widths
+        if width <= widths[-1] or len(widths) < 2:
+            return interp(width, widths, row)
+        per_row = max(row[-1] - row[-2], 0.0) / (widths[-1] - widths[-2])
+        return row[-1] + per_row * (width - widths[-1])
 
     def curve(self, context: int | None = None) -> list[tuple[int, float]]:
         """(width, cost relative to a 1-row pass) at ``context`` (default: the shortest measured)."""

@@ -223,7 +223,9 @@ def test_quantized_targets_take_chains_and_refuse_branching_trees(tiny_bundle):
     plain.engines.target.graph = target
     try:
         engines = Engines(
-            plain.engines.target, verdict=chains, step_costs=lambda e, p, hold: plain.engines.step_costs(e, p)
+            plain.engines.target,
+            verdict=chains,
+            step_costs=lambda e, p, hold, widths: plain.engines.step_costs(e, p, widths),
         )
         assert Pipeline(plain.tokenizer, engines, "pld").decoder.proposer.branches is False
         with pytest.raises(SpecdecError, match="proposes token trees.*only chain-shaped proposals.*topk=1"):

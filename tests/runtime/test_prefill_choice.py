@@ -7,15 +7,17 @@ test_graph_prefill.py)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from specdec_edge.api.engines import open_engines
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.cli.info import render, summarize
+from specdec_edge.runtime import prefill_choice
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.ov_prefill import OpenVinoPrefill, prefill_name
-from specdec_edge.runtime.prefill_choice import GAIN, choose_prefill, decide, measure_prefill
+from specdec_edge.runtime.prefill_choice import GAIN, OUT, choose_prefill, decide, measure_prefill
 from specdec_edge.runtime.threads import CpuThreads
 
 pytest.importorskip("openvino", reason="the openvino package (scripts/install.sh installs it)")
@@ -115,3 +117,31 @@ def test_the_rule_and_a_prefiller_that_cannot_run(tiny_bundle, cache, tmp_path):
     [record] = records(cache)
     assert record["runtime"] == "onnxruntime" and "cannot compile" in record["errors"]["openvino"]
     assert record["speedups"] == {} and "onnxruntime prefills here" in lines[-1] and "openvino failed" in lines[-1]
+
+
+class SlowOpenVino(OpenVinoPrefill):
+    """OpenVINO's real prefill, each pass followed by a wait: a runtime far slower than the target graph here."""
+
+    runs = 0
+
+    def run(self, cache, past, step):
+        out = super().run(cache, past, step)
+        self.runs += 1
+        time.sleep(0.05)
+        return out
+
+
+def test_a_candidate_far_below_its_bar_is_timed_once(tiny_bundle, cache, monkeypatch):
+    graph = read_manifest(tiny_bundle).target.graph
+    engine = OrtEngine(tiny_bundle / graph.path, graph)
+    slow = SlowOpenVino(tiny_bundle / graph.path, graph, threads=2)
+    fair = OpenVinoPrefill(tiny_bundle / graph.path, graph, threads=2)
+    fair.name = "fair"  # a second candidate whose bar it clears: timed every round
+    monkeypatch.setitem(prefill_choice.GAINS, "fair", 0.01)
+    fair_runs = []
+    run = fair.run
+    fair.run = lambda *args: fair_runs.append(1) or run(*args)
+    measured = measure_prefill(engine, [slow, fair], rows=60, rounds=3)
+    assert measured["speedups"]["openvino"] < OUT * GAIN and decide(measured) == "fair"
+    assert slow.runs == 2  # the check's pass and one timed pass
+    assert len(fair_runs) == 4  # the check's and three timed

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline
-from specdec_edge.api.step_costs import WIDTHS, CostKey, cost_path, load_costs
+from specdec_edge.api.step_costs import CHAIN_WIDTHS, WIDTHS, CostKey, cost_path, load_costs
 from specdec_edge.bundle.hashes import manifest_digest
 from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.exactness import trees_allowed
 from specdec_edge.runtime.device import device_identity
 from specdec_edge.runtime.verdicts import verdict_path
 from specdec_edge.sampling import SamplingParams, make_rng, probs_from_logits
@@ -391,6 +392,7 @@ def test_costs_are_cached_per_bundle_provider_device_and_threads(tmp_path, monke
         return pipe.decoder.proposer.costs
 
     first = load(tiny_bundle, 1)
+    assert first.widths == list(WIDTHS)  # an fp32 graph verifies trees: every width is measured
     measured = sum("measuring" in line for line in lines)
     assert measured == 1 and len(list((tmp_path / "costs").glob("*.json"))) == 1
     assert first.verify(32, 64) >= first.verify(1, 64) > 0
@@ -509,5 +511,24 @@ def test_cost_lookups_interpolate_like_numpy_at_every_context():
     for context in (10, 64, 100, 100, 512, 700, 1500, 4000, 100):  # repeats and returns: the kept answers
         for width in (0.5, 1, 1.5, 2, 3, 7.25, WIDTHS[-1], WIDTHS[-1] + 5, 2):
             by_width = [np.interp(width, WIDTHS, row) for row in seconds]
+            if width > WIDTHS[-1]:  # past the widest measured: the last step's cost per row goes on
+                by_width = [row[-1] + (row[-1] - row[-2]) / (WIDTHS[-1] - WIDTHS[-2]) * 5 for row in seconds]
             want = float(np.interp(context, contexts, by_width))
             assert model.verify(width, context) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_a_device_that_verifies_chains_only_measures_only_chains_widths(tmp_path, monkeypatch, int4_bundle):
+    """Where the verdict refuses trees (a 4-bit graph whose tree rows round unlike a chain's), auto's proposals are
+    chains of at most k + 1 rows: the widths past 8 are not measured (most of a first load's measuring on a CPU), and
+    a wider pass is priced by the measured rows' slope, never below the widest measured pass."""
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    pipe = Pipeline.load(int4_bundle, method="auto", threads=1, prefill="onnxruntime")
+    costs = pipe.decoder.proposer.costs
+    assert not trees_allowed(pipe.engines.verdict, "int4")  # else this test would prove nothing here
+    assert costs.widths == list(CHAIN_WIDTHS) and costs.key["widths"] == list(CHAIN_WIDTHS)
+    eight, six, twelve = costs.verify(8, 64), costs.verify(6, 64), costs.verify(12, 64)
+    assert twelve == pytest.approx(eight + (eight - six) * 2, rel=1e-12) and twelve >= eight
+    wide = pipe.with_method("auto", k=11)  # chains of up to 12 rows: priced past the measured widths
+    prompt = "the quick brown fox jumps over the lazy dog. the quick brown fox"
+    plain = pipe.with_method("plain").generate(prompt, max_new_tokens=16).token_ids
+    assert wide.generate(prompt, max_new_tokens=16).token_ids == plain
