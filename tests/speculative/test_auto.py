@@ -246,6 +246,45 @@ def test_a_deeper_node_priced_just_below_its_row_is_still_tried_and_learned():
     assert widths[-1] >= 3 and model.table[1][1] >= 2, (widths, model.table)
 
 
+def test_seeded_sampling_asks_the_candidate_this_call_accepted_one_level_past_its_worth():
+    """Seeded sampling reads no time and nothing an earlier call taught: the candidate whose proposals this call
+    accepted most is asked (each untried one first, in order), one token deep at first and a level deeper while its
+    proposals keep being accepted; a new call starts afresh. (The rule before: the first candidate's whole k-token
+    proposal, 0.77x plain decoding at temperature 0.7 on an AVX2 CPU.)"""
+    truth = list(range(100, 400))
+
+    class Copy(Proposer):  # proposes the text that follows: every token accepted
+        def propose(self, context, k):
+            return Proposal(np.array(truth[len(context) : len(context) + k], dtype=np.int64), source="copy")
+
+    class Wrong(Proposer):  # proposes tokens the text never has: none accepted
+        def propose(self, context, k):
+            return Proposal(np.full(k, 7, dtype=np.int64), source="wrong")
+
+    wrong, good = Candidate("wrong", Wrong(), fixed_rates(0.9)), Candidate("copy", Copy(), fixed_rates(0.1))
+    auto = AutoProposer([wrong, good], scripted_costs(0.01))
+    seeded = SamplingParams(temperature=0.7, seed=3)
+
+    def call(steps: int) -> list[tuple[str, int]]:
+        context = truth[:3]
+        auto.prefill(context, seeded, make_rng(3))
+        asked = []
+        for _ in range(steps):
+            proposal = auto.propose(context, 4)
+            asked.append((proposal.source, len(proposal.tokens)))
+            auto.observe(proposal, np.zeros((len(proposal.tokens) + 1, 4), np.float32))
+            accepted = accepted_nodes(proposal, truth[len(context) :])
+            context = context + truth[len(context) : len(context) + int(accepted.sum()) + 1]
+            auto.commit(context)
+        return asked
+
+    first = call(9)
+    depths = [n for _, n in first]
+    assert first[:2] == [("wrong", 1), ("copy", 1)] and {name for name, _ in first[1:]} == {"copy"}
+    assert depths == sorted(depths) and depths[-1] == 4  # a level at a time, up to k
+    assert call(9) == first  # the next call learned nothing from this one
+
+
 def test_accepted_nodes_follow_the_emitted_tokens():
     chain = Proposal(np.array([4, 5, 6]))
     assert accepted_nodes(chain, [4, 5, 9]).tolist() == [True, True, False]
