@@ -224,7 +224,7 @@ class ExactAcceptance(AcceptanceRule):
         tokens = np.asarray(proposal.tokens, dtype=np.int64)
         if params.greedy and not len(tokens):  # a plain step: the pending token's argmax
             return NO_PATH, int(np.argmax(logits[0]))
-        if proposal.parents is not None and not (params.greedy and is_chain(proposal.parents)):
+        if proposal.parents is not None and not is_chain(proposal.parents):  # (a chain-shaped tree is a chain)
             if params.greedy:
                 return accept_tree_greedy(tokens, proposal.parents, logits)
             return accept_tree_sampling(tokens, proposal.parents, probs_from_logits(logits, params), rng)

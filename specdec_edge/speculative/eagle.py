@@ -8,6 +8,12 @@ one pass with a tree mask, each gets ``topk`` children; finally the ``nodes`` be
 the proposal. The tree is deterministic, so the loop verifies it exactly. Light: numpy and
 onnxruntime only.
 
+A chain (``topk`` 1) drafts greedily when the call is greedy; when it samples, each token is drawn from the head's
+own distribution over its ``top_k`` best tokens at the call's temperature (top-k, top-p), and that distribution goes
+with the proposal (``Proposal.probs``), so the exact rule accepts a token with probability min(1, p/q): a token the
+head is unsure of still has a chance, where its single best guess is accepted only with the target's probability
+of it (docs/lab/corpus-and-table.md, 2026-12-05).
+
 EAGLE-3 (``Eagle3Proposer``) differs only in what a slot reads: committed slots the target's
 layer features (``tap.layer_features``, fused inside the head graph), tree nodes their parent's
 output, as EAGLE's tree nodes read their parent's predicted feature.
@@ -26,6 +32,7 @@ import numpy as np
 from specdec_edge.errors import SpecdecError
 from specdec_edge.runtime.base import causal_bias, common_prefix
 from specdec_edge.runtime.tree import path_to
+from specdec_edge.sampling import SamplingParams, probs_from_logits, sample
 from specdec_edge.speculative.features import FeatureTap
 from specdec_edge.speculative.proposal import EMPTY, Proposal, Proposer
 
@@ -55,8 +62,10 @@ class EagleProposer(Proposer):
         self.values = np.zeros_like(self.keys)
         self.length = 0  # head slots 0..length-1 hold (f[i], context[i+1]) with true features
         self.fed: list[int] = []  # context[:length+1]: the tokens those slots read (empty while length is 0)
+        self.params, self.rng = SamplingParams(), np.random.default_rng()  # the call's (``prefill``)
 
     def prefill(self, prompt, params, rng, kept=None, history=None) -> None:
+        self.params, self.rng = params, rng
         if kept is None:
             self.length = 0
         else:
@@ -162,23 +171,41 @@ class EagleProposer(Proposer):
         )
 
     def _chain(self, n: int, k: int, feature: np.ndarray, logp: np.ndarray, top: np.ndarray) -> Proposal:
-        """``topk`` 1: the tree is a chain of the head's best tokens, each fed back one row a pass (what the tree
-        code grows for topk 1, without its bookkeeping). ``feature`` [1, H] is the last true slot's output."""
-        tokens, scores = [int(top[0])], [float(logp[0])]
+        """``topk`` 1: the tree is a chain of the head's best tokens (sampled ones when the call samples: module
+        docstring), each fed back one row a pass (what the tree code grows for topk 1, without its bookkeeping).
+        ``feature`` [1, H] is the last true slot's output; ``logp``/``top`` its best tokens' log-probabilities and
+        ids."""
+        token, q, score = self._draw(logp, top)
+        tokens, probs, scores = [token], [q], [score]
         for depth in range(1, min(k, self.depth or k, self.nodes)):
             past = self.length + depth - 1  # the chain's earlier nodes fill slots length..past-1: all seen
             if past + 1 > self.keys.shape[1]:
                 break
             bias = np.zeros((1, 1, 1, past + 1), dtype=np.float32)
             feature, lp, ids = self._run(self._drafted(feature), tokens[-1:], [n - 2 + depth], bias, [0])
-            tokens.append(int(ids[0, 0]))
-            scores.append(scores[-1] + float(lp[0, 0]))
+            token, q, score = self._draw(lp[0], ids[0])
+            tokens.append(token)
+            probs.append(q)
+            scores.append(scores[-1] + score)
         return Proposal(
             np.array(tokens, dtype=np.int64),
+            None if self.params.greedy else np.stack(probs),
             parents=np.arange(-1, len(tokens) - 1, dtype=np.int64),
             source=self.source,
             confidence=np.exp(scores),
         )
+
+    def _draw(self, logp: np.ndarray, top: np.ndarray) -> tuple[int, np.ndarray | None, float]:
+        """One chain token from the head's best tokens ``top`` and their log-probabilities ``logp``: the first when
+        greedy; else drawn from their distribution at the call's sampling settings (returned dense over the
+        vocabulary, zero outside ``top``, for the exact rule). Also the log-probability it is scored by."""
+        if self.params.greedy:
+            return int(top[0]), None, float(logp[0])
+        chance = probs_from_logits(np.asarray(logp, dtype=np.float64), self.params)  # over ``top``
+        pick = sample(chance, self.rng)
+        q = np.zeros(self.tap.vocab_size, dtype=np.float64)
+        q[np.asarray(top, dtype=np.int64)] = chance
+        return int(top[pick]), q, float(np.log(chance[pick]))
 
 
 class Eagle3Proposer(EagleProposer):

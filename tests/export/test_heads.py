@@ -299,6 +299,25 @@ def test_heads_sampling_keeps_the_target_distribution(plain, method):
     assert_first_token_keeps_the_distribution(plain, plain.with_method(method, k=4, **wide[method]))
 
 
+def test_an_eagle_chain_samples_its_drafts_from_the_head_and_keeps_the_target_distribution(plain):
+    """A chain (topk 1) under sampling draws each draft token from the head's distribution over its best tokens and
+    hands that distribution to the exact rule (min(1, p/q)); greedy calls still take the head's best token."""
+    pipe = plain.with_method("eagle", k=4, topk=1, nodes=4)
+    eagle = pipe.decoder.proposer
+    ids = plain.encode("the quick brown fox jumps")
+    params = SamplingParams(temperature=1.0, top_k=8)
+    prefill(pipe.decoder.engine, ids[:-1])
+    eagle.prefill(ids, params, make_rng(0))
+    drafted = eagle.propose(ids, 4)
+    q = drafted.probs
+    assert q is not None and q.shape == (len(drafted.tokens), plain.engines.target.vocab_size)
+    assert np.allclose(q.sum(axis=1), 1.0) and (q[np.arange(len(q)), drafted.tokens] > 0).all()
+    assert (np.count_nonzero(q, axis=1) > 1).all()  # a distribution over the head's best tokens, not its argmax
+    eagle.prefill(ids, SamplingParams(), make_rng(0))
+    assert eagle.propose(ids, 4).probs is None
+    assert_first_token_keeps_the_distribution(plain, pipe)
+
+
 def assert_first_token_keeps_the_distribution(plain, pipe):
     """The first token ``pipe`` samples over 1,500 seeds vs the target's exact top-8 distribution (chi-square,
     df 7), with enough accepted draft tokens for the test to exercise the rule."""
