@@ -535,7 +535,13 @@ def build_engines(bundle, backends, max_verify, hardware_compatible, compute_cap
     help="Precision of the default bundle. gguf: the package's own Q4_1 weights kept as they are (the fastest "
     "exact configuration measured, runs pld); fp32: dequantized, with the shipped EAGLE head (runs pld-eagle).",
 )
-@click.option("--threads", type=click.IntRange(1, 1024), default=2, show_default=True)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="CPU threads. Default: one per physical core, the setting export checked exactness with, so the first "
+    "demo after it measures only what that check left.",
+)
 def demo(prompt, method, k, max_new_tokens, dtype, threads):
     """Run the embedded default model (SmolLM2-135M-Instruct): speculative vs plain on one prompt.
 

@@ -29,7 +29,7 @@ def run_demo(
     method: str | None = None,
     k: int | None = None,
     max_new_tokens: int = 128,
-    threads: int | None = 2,
+    threads: int | None = None,
     dtype: str = DEFAULT_DTYPE,
     echo=print,
     write=None,
