@@ -47,6 +47,7 @@ PLAIN_BACKOFF = (16, 512)  # plain steps after the guard trips: first, and the m
 EMA = 0.2  # weight of a new measurement in running means
 CHEAP = 0.05  # a proposer costing less than this share of a 1-row pass is always asked
 FIXED_WINDOW = 4  # seeded sampling's rule: a candidate's last proposals in this call that set its depth
+FIXED_CALLS = 16  # seeded sampling's records kept for calls that may resume (``AutoProposer.prefill``)
 # What auto learns from the calls it runs, kept per owner (``AutoProposer.claim``): per candidate, and its own.
 LEARNED_PER_CANDIDATE = ("predictor", "cost_s", "gain", "width", "asked", "chosen", "probe_every")
 LEARNED = ("slowdown", "overhead", "step", "window", "plain_until", "backoff")
@@ -99,6 +100,7 @@ class AutoProposer(Proposer):
         self.backoff = PLAIN_BACKOFF[0]
         self.fixed = False  # seeded sampling: a fixed rule instead of measured choices (``prefill``)
         self._accepted: dict[str, deque] = {}  # seeded sampling: each candidate's accepted tokens a proposal, this call
+        self._calls: dict[int, tuple] = {}  # id(rng) -> (rng, its call's ``_accepted``): the latest FIXED_CALLS
         self._chosen: _Option | None = None
         self._returned: Proposal | None = None
         self._times = (0.0, 0.0, 0.0)  # step start, end of propose, proposers' seconds
@@ -115,9 +117,17 @@ class AutoProposer(Proposer):
         self.plain_until = 0
         self._chosen = None
         # Sampling with a seed: the seed must pin the text, so no choice may depend on a measured time or on
-        # what earlier generations taught the models. A fixed rule instead: the first candidate that proposes.
+        # what earlier generations taught the models. A fixed rule instead (``_fixed_proposal``), which reads what
+        # this call accepted so far: a call that goes on after another used the engines (``api/generation.py``)
+        # prefills again with its own rng, and finds its record by it (held here, so its id names no other rng).
         self.fixed = not params.greedy and params.seed is not None
-        self._accepted = {c.name: deque(maxlen=FIXED_WINDOW) for c in self.candidates}
+        if self.fixed:
+            rng_of, self._accepted = self._calls.pop(id(rng), (None, None))
+            if rng_of is not rng:
+                self._accepted = {c.name: deque(maxlen=FIXED_WINDOW) for c in self.candidates}
+            self._calls[id(rng)] = (rng, self._accepted)  # the latest last
+            while len(self._calls) > FIXED_CALLS:
+                del self._calls[next(iter(self._calls))]
 
     def claim(self, owner) -> None:
         """Learn per owner: the acceptance models, proposer timings and the guard's window one owner's calls built

@@ -265,9 +265,7 @@ def test_seeded_sampling_asks_the_candidate_this_call_accepted_one_level_past_it
     auto = AutoProposer([wrong, good], scripted_costs(0.01))
     seeded = SamplingParams(temperature=0.7, seed=3)
 
-    def call(steps: int) -> list[tuple[str, int]]:
-        context = truth[:3]
-        auto.prefill(context, seeded, make_rng(3))
+    def run(context: list[int], steps: int) -> tuple[list[tuple[str, int]], list[int]]:
         asked = []
         for _ in range(steps):
             proposal = auto.propose(context, 4)
@@ -276,13 +274,24 @@ def test_seeded_sampling_asks_the_candidate_this_call_accepted_one_level_past_it
             accepted = accepted_nodes(proposal, truth[len(context) :])
             context = context + truth[len(context) : len(context) + int(accepted.sum()) + 1]
             auto.commit(context)
-        return asked
+        return asked, context
+
+    def call(steps: int) -> list[tuple[str, int]]:
+        auto.prefill(truth[:3], seeded, make_rng(3))
+        return run(truth[:3], steps)[0]
 
     first = call(9)
     depths = [n for _, n in first]
     assert first[:2] == [("wrong", 1), ("copy", 1)] and {name for name, _ in first[1:]} == {"copy"}
     assert depths == sorted(depths) and depths[-1] == 4  # a level at a time, up to k
     assert call(9) == first  # the next call learned nothing from this one
+    # A call that goes on after another used the engines prefills again with its own rng: its record goes on too.
+    rng = make_rng(3)
+    auto.prefill(truth[:3], seeded, rng)
+    head, context = run(truth[:3], 4)
+    call(2)  # another call in between
+    auto.prefill(context, seeded, rng)
+    assert head + run(context, 5)[0] == first
 
 
 def test_accepted_nodes_follow_the_emitted_tokens():
