@@ -412,15 +412,38 @@ def export_drafter(heads, out, force):
 @main.command(context_settings=CONTEXT)
 @click.argument("bundle", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def info(bundle, as_json):
-    """Summarize a bundle: models, graph contract, precision, validation errors.
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="First measure on this device what a first load of the bundle measures (the prefill runtime's choice, the "
+    "exactness verdict, auto's step costs; cached), e.g. when provisioning a device with a prebuilt bundle, so "
+    "that its first chat or request starts at once.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="With --measure: the CPU threads the bundle will run with (default: one per physical core).",
+)
+def info(bundle, as_json, measure, threads):
+    """Summarize a bundle: models, graph contract, precision, validation errors, and what this device measured.
 
     \b
-    Example:
+    Examples:
       specdec-edge info bundles/smollm2 --json
+      specdec-edge info bundles/smollm2 --measure          # on a new device, before its first use
     """
     from specdec_edge.cli.info import render, summarize
 
+    if measure:
+        import time
+
+        from specdec_edge import Pipeline
+        from specdec_edge.progress import to_stderr
+
+        start = time.perf_counter()
+        Pipeline.load(bundle, threads=threads, progress=to_stderr).close()  # its default method (auto: step costs)
+        click.echo(f"specdec-edge: this device's measurements took {time.perf_counter() - start:.1f} s", err=True)
     summary, costs = summarize(bundle)
     if as_json:
         click.echo(json.dumps(summary, indent=2))

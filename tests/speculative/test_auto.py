@@ -490,6 +490,24 @@ def test_measuring_is_reported_by_the_commands_and_not_by_the_api(tmp_path, monk
     assert "measuring" not in result.stdout
 
 
+def test_info_measure_does_a_first_loads_measuring_so_the_first_use_starts_at_once(tmp_path, monkeypatch, tiny_bundle):
+    """`info --measure` (provisioning a device with a prebuilt bundle): the prefill choice, the verdict and the step
+    costs are measured and cached there, then shown; a `generate` with the same settings measures nothing."""
+    from click.testing import CliRunner
+
+    from specdec_edge.cli import main
+
+    monkeypatch.setenv("SPECDEC_EDGE_CACHE", str(tmp_path))
+    first = CliRunner().invoke(main, ["info", str(tiny_bundle), "--measure", "--threads", "1"])
+    assert first.exit_code == 0, first.output
+    assert "checking on" in first.stderr and "measuring step costs" in first.stderr
+    assert "measurements took" in first.stderr and "step costs on" in first.stdout
+    args = ["generate", str(tiny_bundle), "--prompt", "the quick", "--threads", "1", "--max-new-tokens", "2"]
+    then = CliRunner().invoke(main, args)
+    assert then.exit_code == 0, then.output
+    assert "checking on" not in then.stderr and "measuring" not in then.stderr and "timing" not in then.stderr
+
+
 def test_auto_seeded_sampling_is_reproducible(heads_bundle):
     """A seed pins the text under auto as under a fixed method, whatever auto learned in between."""
     auto = Pipeline.load(heads_bundle, threads=1)
