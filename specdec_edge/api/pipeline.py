@@ -271,8 +271,8 @@ def _method_decoder(
     engine = FeatureTap(engines.target) if spec.taps_features(engines.heads) else engines.target
     trees = trees_allowed(verdict, dtype, allow_inexact)
 
-    def costs(proposers):  # auto's step costs of this device (cached, else measured now): chains' widths only
-        return engines.step_costs(engine, proposers, WIDTHS if trees else CHAIN_WIDTHS)  # where trees are refused
+    def costs(proposers):  # auto's step costs of this device (cached, else measured now); chains' widths only
+        return engines.step_costs(engine, proposers, WIDTHS if trees else CHAIN_WIDTHS)  # ... where trees are refused
 
     # history=True: the calls may pass a history store (``Generation`` passes its own to the proposers' prefill)
     resources = Resources(
