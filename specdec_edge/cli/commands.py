@@ -16,6 +16,7 @@ import click
 from specdec_edge import __version__
 from specdec_edge.cli.options import file_option
 from specdec_edge.errors import SpecdecError
+from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.runtime.trt_libraries import ENGINE_KINDS
 from specdec_edge.speculative.methods import HEAD_METHODS, METHODS
 
@@ -425,13 +426,21 @@ def export_drafter(heads, out, force):
     default=None,
     help="With --measure: the CPU threads the bundle will run with (default: one per physical core).",
 )
-def info(bundle, as_json, measure, threads):
+@click.option(
+    "--provider",
+    type=click.Choice(list(BACKENDS)),
+    default="cpu",
+    show_default=True,
+    help="With --measure: the provider the bundle will run with (as chat's and serve's --provider).",
+)
+def info(bundle, as_json, measure, threads, provider):
     """Summarize a bundle: models, graph contract, precision, validation errors, and what this device measured.
 
     \b
     Examples:
       specdec-edge info bundles/smollm2 --json
       specdec-edge info bundles/smollm2 --measure          # on a new device, before its first use
+      specdec-edge info bundles/smol-trt --measure --provider cuda
     """
     from specdec_edge.cli.info import render, summarize
 
@@ -442,7 +451,7 @@ def info(bundle, as_json, measure, threads):
         from specdec_edge.progress import to_stderr
 
         start = time.perf_counter()
-        Pipeline.load(bundle, threads=threads, progress=to_stderr).close()  # its default method (auto: step costs)
+        Pipeline.load(bundle, threads=threads, provider=provider, progress=to_stderr).close()  # the default method's
         click.echo(f"specdec-edge: this device's measurements took {time.perf_counter() - start:.1f} s", err=True)
     summary, costs = summarize(bundle)
     if as_json:
