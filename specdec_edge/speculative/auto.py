@@ -257,19 +257,19 @@ class AutoProposer(Proposer):
         by the tokens this call accepted per proposal of theirs (an untried one counts half a token, so each is
         tried early; ties in the candidates' order), the first that proposes is verified: one level deeper than its
         proposals have lately been worth in this call (``depth_to_ask``'s rule; one token at first, a row that costs
-        nothing where one-row passes are padded to two), cut to its ``fixed_width`` nodes. The rule it replaced, the
-        first candidate's whole k-token proposal, ran seeded sampling at 0.77x plain decoding's speed on an AVX2
-        CPU (prompt lookup and the n-gram table's guesses, 5-14 % accepted at temperature 0.7)."""
+        nothing where one-row passes are padded to two; a tree that deep), cut to its ``fixed_width`` nodes. The
+        rule it replaced, the first candidate's whole k-token proposal, ran seeded sampling at 0.77x plain
+        decoding's speed on an AVX2 CPU (prompt lookup and the n-gram table's guesses, 5-14 % accepted at
+        temperature 0.7)."""
         fixed = [c for c in self.candidates if c.fixed]
         for c in sorted(fixed, key=lambda c: -self._fixed_rate(c)):
             recent = self._accepted[c.name]
             worth = sum(recent) / len(recent) if recent else 0.0
             depth = max(1, min(k, math.floor(worth + 0.5) + 1))
-            proposal = c.proposer.propose(context, depth)
+            proposal = c.proposer.propose(context, depth)  # a chain of at most ``depth``; a tree that deep
             if len(proposal.tokens):
-                cut = min(depth, c.fixed_width or depth)
-                if cut < len(proposal.tokens):
-                    proposal = subset(proposal, np.arange(cut))  # node order is parent-first
+                if c.fixed_width is not None and c.fixed_width < len(proposal.tokens):
+                    proposal = subset(proposal, np.arange(c.fixed_width))  # node order is parent-first
                 return _Option(0.0, len(proposal.tokens), c, proposal, [(c, [], np.zeros(0, np.int64))])
         return _Option(0.0, 0)
 

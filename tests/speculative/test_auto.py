@@ -294,6 +294,16 @@ def test_seeded_sampling_asks_the_candidate_this_call_accepted_one_level_past_it
     assert head + run(context, 5)[0] == first
 
 
+def test_seeded_sampling_verifies_a_tree_of_the_bundles_size():
+    """Where trees are exact, seeded sampling's rule asks a proposer for a tree as deep as the rule says and
+    verifies it cut to the bundle's tree size (``fixed_width``), not to that depth."""
+    branching = Candidate("tree", Scripted(tree(9)), fixed_rates(0.5), fixed_width=5)
+    auto = AutoProposer([branching], scripted_costs(0.01))
+    auto.prefill([1, 2, 3], SamplingParams(temperature=0.7, seed=1), make_rng(1))
+    proposal = auto.propose([1, 2, 3], 4)
+    assert len(proposal.tokens) == 5 and proposal.parents is not None
+
+
 def test_accepted_nodes_follow_the_emitted_tokens():
     chain = Proposal(np.array([4, 5, 6]))
     assert accepted_nodes(chain, [4, 5, 9]).tolist() == [True, True, False]
