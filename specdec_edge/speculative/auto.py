@@ -264,8 +264,7 @@ class AutoProposer(Proposer):
         fixed = [c for c in self.candidates if c.fixed]
         for c in sorted(fixed, key=lambda c: -self._fixed_rate(c)):
             recent = self._accepted[c.name]
-            worth = sum(recent) / len(recent) if recent else 0.0
-            depth = max(1, min(k, math.floor(worth + 0.5) + 1))
+            depth = level_past(sum(recent) / len(recent) if recent else 0.0, k)
             proposal = c.proposer.propose(context, depth)  # a chain of at most ``depth``; a tree that deep
             if len(proposal.tokens):
                 if c.fixed_width is not None and c.fixed_width < len(proposal.tokens):
@@ -324,7 +323,13 @@ def depth_to_ask(c: Candidate, k: int) -> int:
     Rounded, not ceiled: an EAGLE head worth 1.1 nodes was asked three levels deep, two of them run for nothing on
     most steps; asking two cut its head runs by 30 % and made `auto` 1.03-1.04x faster on an AVX2 CPU
     (docs/lab/corpus-and-table.md, 2026-12-05)."""
-    return max(1, min(k, math.floor(c.width + 0.5) + 1))
+    return level_past(c.width, k)
+
+
+def level_past(worth: float, k: int) -> int:
+    """One level past ``worth`` nodes, rounded half up, between 1 and ``k`` (``depth_to_ask``; seeded sampling's
+    rule reads it from this call's accepted tokens)."""
+    return max(1, min(k, math.floor(worth + 0.5) + 1))
 
 
 def merged_option(options: list[_Option], value) -> _Option:
