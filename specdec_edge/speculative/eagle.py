@@ -175,37 +175,39 @@ class EagleProposer(Proposer):
         docstring), each fed back one row a pass (what the tree code grows for topk 1, without its bookkeeping).
         ``feature`` [1, H] is the last true slot's output; ``logp``/``top`` its best tokens' log-probabilities and
         ids."""
-        token, q, score = self._draw(logp, top)
-        tokens, probs, scores = [token], [q], [score]
-        for depth in range(1, min(k, self.depth or k, self.nodes)):
+        levels = min(k, self.depth or k, self.nodes)
+        # the distributions the tokens were drawn from, dense over the vocabulary (the exact rule reads them): one
+        # array for the chain, filled row by row; None when greedy
+        probs = None if self.params.greedy else np.zeros((max(levels, 1), self.tap.vocab_size))
+        token, score = self._draw(logp, top, None if probs is None else probs[0])
+        tokens, scores = [token], [score]
+        for depth in range(1, levels):
             past = self.length + depth - 1  # the chain's earlier nodes fill slots length..past-1: all seen
             if past + 1 > self.keys.shape[1]:
                 break
             bias = np.zeros((1, 1, 1, past + 1), dtype=np.float32)
             feature, lp, ids = self._run(self._drafted(feature), tokens[-1:], [n - 2 + depth], bias, [0])
-            token, q, score = self._draw(lp[0], ids[0])
+            token, score = self._draw(lp[0], ids[0], None if probs is None else probs[depth])
             tokens.append(token)
-            probs.append(q)
             scores.append(scores[-1] + score)
         return Proposal(
             np.array(tokens, dtype=np.int64),
-            None if self.params.greedy else np.stack(probs),
+            None if probs is None else probs[: len(tokens)],
             parents=np.arange(-1, len(tokens) - 1, dtype=np.int64),
             source=self.source,
             confidence=np.exp(scores),
         )
 
-    def _draw(self, logp: np.ndarray, top: np.ndarray) -> tuple[int, np.ndarray | None, float]:
-        """One chain token from the head's best tokens ``top`` and their log-probabilities ``logp``: the first when
-        greedy; else drawn from their distribution at the call's sampling settings (returned dense over the
-        vocabulary, zero outside ``top``, for the exact rule). Also the log-probability it is scored by."""
-        if self.params.greedy:
-            return int(top[0]), None, float(logp[0])
+    def _draw(self, logp: np.ndarray, top: np.ndarray, q: np.ndarray | None) -> tuple[int, float]:
+        """One chain token from the head's best tokens ``top`` and their log-probabilities ``logp``, and the
+        log-probability it is scored by: the first when greedy (``q`` None); else drawn from their distribution at
+        the call's sampling settings, which is written into ``q`` (a zeroed row over the vocabulary)."""
+        if q is None:
+            return int(top[0]), float(logp[0])
         chance = probs_from_logits(np.asarray(logp, dtype=np.float64), self.params)  # over ``top``
         pick = sample(chance, self.rng)
-        q = np.zeros(self.tap.vocab_size, dtype=np.float64)
         q[np.asarray(top, dtype=np.int64)] = chance
-        return int(top[pick]), q, float(np.log(chance[pick]))
+        return int(top[pick]), float(np.log(chance[pick]))
 
 
 class Eagle3Proposer(EagleProposer):
