@@ -48,6 +48,15 @@ EMA = 0.2  # weight of a new measurement in running means
 CHEAP = 0.05  # a proposer costing less than this share of a 1-row pass is always asked
 FIXED_WINDOW = 4  # seeded sampling's rule: a candidate's last proposals in this call that set its depth
 FIXED_CALLS = 16  # seeded sampling's records kept for calls that may resume (``AutoProposer.prefill``)
+# Seeded sampling: a candidate whose proposals in this whole call were accepted fewer than FIXED_FLOOR tokens each
+# is not asked, so that the step is plain, except on every FIXED_PROBE-th plain step in a row. A drafted token costs
+# a verify row (~8 % of a pass on an AVX-512 CPU) and a head's run (~5 %): at temperature 1.5, 3 % accepted, asking
+# every step ran at 0.84x plain (2026-12-05). The rate starts from FIXED_PRIOR proposals of half a token each (ten
+# rejected in a row put a candidate below), and counts the whole call, not its last FIXED_WINDOW proposals: where 60 %
+# of first drafts are rejected (temperature 0.7), a floor read from a few proposals idled the head for whole calls.
+FIXED_FLOOR = 0.15
+FIXED_PRIOR = 4
+FIXED_PROBE = 8
 # What auto learns from the calls it runs, kept per owner (``AutoProposer.claim``): per candidate, and its own.
 LEARNED_PER_CANDIDATE = ("predictor", "cost_s", "gain", "width", "asked", "chosen", "probe_every")
 LEARNED = ("slowdown", "overhead", "step", "window", "plain_until", "backoff")
@@ -70,6 +79,17 @@ class Candidate:
     # the rule's depth); False leaves it out then.
     fixed_width: int | None = None
     fixed: bool = True
+
+
+@dataclass
+class _FixedCall:
+    """Seeded sampling's record of one call: each candidate's accepted tokens per proposal (its last FIXED_WINDOW),
+    its proposals and accepted tokens in the whole call, and how many plain steps in a row the rule has taken since
+    it last asked a candidate."""
+
+    accepted: dict[str, deque]
+    totals: dict[str, list[int]] = field(default_factory=dict)  # name -> [proposals, accepted tokens]
+    plain_steps: int = 0
 
 
 @dataclass
@@ -99,8 +119,8 @@ class AutoProposer(Proposer):
         self.plain_until = 0  # the guard's plain steps run until this step
         self.backoff = PLAIN_BACKOFF[0]
         self.fixed = False  # seeded sampling: a fixed rule instead of measured choices (``prefill``)
-        self._accepted: dict[str, deque] = {}  # seeded sampling: each candidate's accepted tokens a proposal, this call
-        self._calls: dict[int, tuple] = {}  # id(rng) -> (rng, its call's ``_accepted``): the latest FIXED_CALLS
+        self._call = _FixedCall({})  # seeded sampling: this call's record (``_fixed_proposal``)
+        self._calls: dict[int, tuple] = {}  # id(rng) -> (rng, its call's ``_FixedCall``): the latest FIXED_CALLS
         self._chosen: _Option | None = None
         self._returned: Proposal | None = None
         self._times = (0.0, 0.0, 0.0)  # step start, end of propose, proposers' seconds
@@ -122,10 +142,10 @@ class AutoProposer(Proposer):
         # prefills again with its own rng, and finds its record by it (held here, so its id names no other rng).
         self.fixed = not params.greedy and params.seed is not None
         if self.fixed:
-            rng_of, self._accepted = self._calls.pop(id(rng), (None, None))
+            rng_of, self._call = self._calls.pop(id(rng), (None, None))
             if rng_of is not rng:
-                self._accepted = {c.name: deque(maxlen=FIXED_WINDOW) for c in self.candidates}
-            self._calls[id(rng)] = (rng, self._accepted)  # the latest last
+                self._call = _FixedCall({c.name: deque(maxlen=FIXED_WINDOW) for c in self.candidates})
+            self._calls[id(rng)] = (rng, self._call)  # the latest last
             while len(self._calls) > FIXED_CALLS:
                 del self._calls[next(iter(self._calls))]
 
@@ -187,7 +207,9 @@ class AutoProposer(Proposer):
             for c, keys, nodes in option.parts:
                 c.predictor.update(keys, accepted[nodes], reached[nodes])
             if self.fixed:
-                self._accepted[option.candidate.name].append(int(accepted.sum()))
+                self._call.accepted[option.candidate.name].append(int(accepted.sum()))
+                totals = self._call.totals.setdefault(option.candidate.name, [0, 0])
+                totals[0], totals[1] = totals[0] + 1, totals[1] + int(accepted.sum())
             if option.probe:
                 c = option.candidate
                 c.probe_every = PROBE_EVERY if accepted.any() else min(2 * c.probe_every, PROBE_MAX)
@@ -257,24 +279,31 @@ class AutoProposer(Proposer):
         by the tokens this call accepted per proposal of theirs (an untried one counts half a token, so each is
         tried early; ties in the candidates' order), the first that proposes is verified: one level deeper than its
         proposals have lately been worth in this call (``depth_to_ask``'s rule; one token at first, a row that costs
-        nothing where one-row passes are padded to two; a tree that deep), cut to its ``fixed_width`` nodes. The
-        rule it replaced, the first candidate's whole k-token proposal, ran seeded sampling at 0.77x plain
-        decoding's speed on an AVX2 CPU (prompt lookup and the n-gram table's guesses, 5-14 % accepted at
-        temperature 0.7)."""
+        nothing where one-row passes are padded to two; a tree that deep), cut to its ``fixed_width`` nodes. A
+        candidate below FIXED_FLOOR is not asked but on every FIXED_PROBE-th plain step in a row: where nothing is
+        accepted, the steps are plain. The rule it replaced, the first candidate's whole k-token proposal, ran
+        seeded sampling at 0.77x plain decoding's speed on an AVX2 CPU (prompt lookup and the n-gram table's
+        guesses, 5-14 % accepted at temperature 0.7)."""
+        probe = self._call.plain_steps >= FIXED_PROBE - 1
         fixed = [c for c in self.candidates if c.fixed]
         for c in sorted(fixed, key=lambda c: -self._fixed_rate(c)):
-            recent = self._accepted[c.name]
+            proposals, accepted = self._call.totals.get(c.name, (0, 0))
+            if (accepted + 0.5 * FIXED_PRIOR) / (proposals + FIXED_PRIOR) < FIXED_FLOOR and not probe:
+                continue
+            recent = self._call.accepted[c.name]
             depth = level_past(sum(recent) / len(recent) if recent else 0.0, k)
             proposal = c.proposer.propose(context, depth)  # a chain of at most ``depth``; a tree that deep
             if len(proposal.tokens):
                 if c.fixed_width is not None and c.fixed_width < len(proposal.tokens):
                     proposal = subset(proposal, np.arange(c.fixed_width))  # node order is parent-first
+                self._call.plain_steps = 0
                 return _Option(0.0, len(proposal.tokens), c, proposal, [(c, [], np.zeros(0, np.int64))])
+        self._call.plain_steps += 1
         return _Option(0.0, 0)
 
     def _fixed_rate(self, c: Candidate) -> float:
         """Tokens accepted per proposal of ``c`` in this call's recent steps, with half a token for an untried one."""
-        recent = self._accepted[c.name]
+        recent = self._call.accepted[c.name]
         return (sum(recent) + 0.5) / (len(recent) + 1)
 
     def _best_prefix(self, c: Candidate, proposal: Proposal, value) -> _Option:
