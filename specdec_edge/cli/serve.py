@@ -120,6 +120,7 @@ def serve(choice: PipelineChoice, model_name, api_keys, **server):
     from specdec_edge.serve import check_extra, run
 
     check_extra()
+    from specdec_edge.runtime.ov_prefill import prefill_name
     from specdec_edge.serve.connections import HEADER_TIMEOUT_S, connection_limits
 
     api_keys = tuple(key for key in api_keys if key)
@@ -127,6 +128,11 @@ def serve(choice: PipelineChoice, model_name, api_keys, **server):
     if settings.history:  # one store per key: all of them must fit, before the bundle loads
         check_history_memory(settings.history_mb, max(1, len(api_keys)), flag="--history-mb")
     pipe = load(choice)
+    warm = pipe.warm_up()  # a first long prompt would wait for the prefill runtime's compile
+    if warm:
+        click.echo(
+            f"specdec-edge: prefill runtime ({prefill_name(pipe.engines.target)}) ready in {warm:.1f} s", err=True
+        )
     model = model_name or Path(choice.bundle).resolve().name
     host = server["host"]  # with port, max_queue, timeout_s and max_body_bytes: run's keywords
     if not is_loopback(host) and not api_keys:

@@ -49,6 +49,23 @@ def test_openvino_prefill_writes_the_cache_onnx_runtime_would(tiny_bundle):
     np.testing.assert_allclose(out[1], out[0], atol=2e-4, rtol=1e-4)
 
 
+def test_warm_up_readies_the_prefill_runtime_and_leaves_the_caches_empty(tiny_bundle):
+    """``Pipeline.warm_up`` (``serve`` calls it before it listens): the prefill runtime compiled and its first pass
+    checked before any prompt, nothing left in the caches, and every call's output as without it."""
+    cold = Pipeline.load(tiny_bundle, method="pld", prefill="openvino")  # the first load measures (prefilling)
+    warm = Pipeline.load(tiny_bundle, method="pld", prefill="openvino")  # this one finds its verdict cached
+    prefiller = warm.engines.target.prefiller
+    assert not prefiller.checked
+    assert warm.warm_up() > 0
+    assert prefiller.checked and prefiller.compiled is not None
+    assert warm.engines.target.length == 0 and warm.engines.target.held == []
+    assert warm.warm_up() == 0  # once
+    for pipe in (warm, cold):
+        pipe.out = [pipe.generate(LONG, max_new_tokens=16, reuse=False).token_ids for _ in range(2)]
+    assert warm.out == cold.out and warm.out[0] == warm.out[1]
+    assert Pipeline.load(tiny_bundle, method="pld", prefill="onnxruntime").warm_up() == 0  # nothing to ready
+
+
 def test_openvino_prefill_is_deterministic(tiny_bundle):
     check_prefill_is_deterministic(target(tiny_bundle, True))
 
