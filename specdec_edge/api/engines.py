@@ -108,6 +108,7 @@ class Engines:
         self.digest = digest
         self.table = table  # the bundle's n-gram table (speculative/table.py), or None
         self._decoders: weakref.WeakSet[Decoder] = weakref.WeakSet()  # every method's, to free on close
+        self._warm = False  # ``warm_up`` ran
 
     def step_costs(
         self, engine: Engine, proposers: Mapping[str, Proposer], widths: tuple[int, ...] = WIDTHS
@@ -140,7 +141,7 @@ class Engines:
         another runtime, or it is ready already. A prefill runtime that fails under ``--prefill auto`` is dropped
         here, as at a first prompt (later passes run in ONNX Runtime); under ``openvino`` its error is raised."""
         prefiller = getattr(self.target, "prefiller", None)
-        if prefiller is None or getattr(self, "_warm", False):
+        if prefiller is None or self._warm:
             return 0.0
         start = time.perf_counter()
         rows = min(WARM_ROWS, self.capacity - 1)
