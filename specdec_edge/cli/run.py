@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
 from dataclasses import asdict, dataclass, replace
 
 import click
@@ -217,14 +219,11 @@ def chat(choice: PipelineChoice, sampling: SamplingSettings, system, template_fi
       specdec-edge chat bundles/pair --method plain --threads 2
       specdec-edge chat bundles/gemma-base --chat-template my_template.jinja
     """
-    from specdec_edge.tokenizer import plain_text
-
     sampling.check()
     pipe = load(choice, template_file)
     completion = not pipe.tokenizer.has_chat_template
     _line_editing()
     start = [{"role": "system", "content": system}] if system else []
-    history, last = list(start), None
     click.echo(
         f"specdec-edge chat ({pipe.method}"
         + (f", k={pipe.k}" if pipe.method in ("draft", "auto") else "")
@@ -235,6 +234,33 @@ def chat(choice: PipelineChoice, sampling: SamplingSettings, system, template_fi
             "This model has no chat template (a base model): completion mode. Each line is added to the text "
             "so far and the model continues it. For chat, pass --chat-template FILE."
         )
+    with warming_up(pipe):
+        _converse(pipe, sampling, start, completion)
+
+
+@contextlib.contextmanager
+def warming_up(pipe):
+    """``pipe.warm_up()`` in a thread while the first line is typed: the runtime that prefills long prompts compiles
+    then (~3 s), not when a first long message arrives. A message sent meanwhile waits for it (the engines' lease);
+    a failure is left to the first long message to report. Joined on the way out."""
+
+    def warm() -> None:
+        with contextlib.suppress(SpecdecError):
+            pipe.warm_up()
+
+    thread = threading.Thread(target=warm, name="specdec-edge warm-up", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+def _converse(pipe, sampling: SamplingSettings, start: list[dict], completion: bool) -> None:
+    """Chat's loop: read a line, run a command or answer it (streamed), until /exit or the end of input."""
+    from specdec_edge.tokenizer import plain_text
+
+    history, last = list(start), None
     while True:
         try:
             line = input(">>> ")

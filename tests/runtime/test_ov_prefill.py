@@ -66,6 +66,27 @@ def test_warm_up_readies_the_prefill_runtime_and_leaves_the_caches_empty(tiny_bu
     assert Pipeline.load(tiny_bundle, method="pld", prefill="onnxruntime").warm_up() == 0  # nothing to ready
 
 
+def test_chat_warms_up_while_the_first_line_is_typed(tiny_bundle, monkeypatch):
+    """``chat`` readies the prefill runtime in a thread at start (``cli/run.py warming_up``); a long first message
+    sent at once waits for it and is answered as a fresh pipeline answers it."""
+    from click.testing import CliRunner
+
+    from specdec_edge.api.engines import Engines
+    from specdec_edge.cli import main
+
+    warmed, real = [], Engines.warm_up
+    monkeypatch.setattr(Engines, "warm_up", lambda self: warmed.append(real(self)) or warmed[-1])
+    line = " ".join(LONG.split())  # one typed line
+    args = ["chat", str(tiny_bundle), "--method", "pld", "--prefill", "openvino", "--max-new-tokens", "12"]
+    res = CliRunner().invoke(main, args, input=f"{line}\n/exit\n")
+    assert res.exit_code == 0, res.output
+    assert len(warmed) == 1 and warmed[0] > 0
+    want = Pipeline.load(tiny_bundle, method="pld", prefill="openvino")
+    messages = [{"role": "user", "content": line}]
+    assert len(want.encode(messages)) > 64  # long enough to prefill through OpenVINO
+    assert want.generate(messages, max_new_tokens=12).text in res.output
+
+
 def test_openvino_prefill_is_deterministic(tiny_bundle):
     check_prefill_is_deterministic(target(tiny_bundle, True))
 
