@@ -129,7 +129,7 @@ def serve(choice: PipelineChoice, model_name, api_keys, **server):
         check_history_memory(settings.history_mb, max(1, len(api_keys)), flag="--history-mb")
     pipe = load(choice)
     warm = pipe.warm_up()  # a first long prompt would wait for the prefill runtime's compile
-    if warm:
+    if warm and getattr(pipe.engines.target, "prefiller", None) is not None:  # (under auto, one that failed is gone)
         click.echo(
             f"specdec-edge: prefill runtime ({prefill_name(pipe.engines.target)}) ready in {warm:.1f} s", err=True
         )
