@@ -129,10 +129,9 @@ def serve(choice: PipelineChoice, model_name, api_keys, **server):
         check_history_memory(settings.history_mb, max(1, len(api_keys)), flag="--history-mb")
     pipe = load(choice)
     warm = pipe.warm_up()  # a first long prompt would wait for the prefill runtime's compile
-    if warm and getattr(pipe.engines.target, "prefiller", None) is not None:  # (under auto, one that failed is gone)
-        click.echo(
-            f"specdec-edge: prefill runtime ({prefill_name(pipe.engines.target)}) ready in {warm:.1f} s", err=True
-        )
+    runtime = prefill_name(pipe.engines.target)  # "onnxruntime" where one that failed under auto was dropped
+    if warm and runtime != "onnxruntime":
+        click.echo(f"specdec-edge: prefill runtime ({runtime}) ready in {warm:.1f} s", err=True)
     model = model_name or Path(choice.bundle).resolve().name
     host = server["host"]  # with port, max_queue, timeout_s and max_body_bytes: run's keywords
     if not is_loopback(host) and not api_keys:

@@ -207,9 +207,10 @@ class AutoProposer(Proposer):
             for c, keys, nodes in option.parts:
                 c.predictor.update(keys, accepted[nodes], reached[nodes])
             if self.fixed:
-                self._call.accepted[option.candidate.name].append(int(accepted.sum()))
+                tokens = int(accepted.sum())
+                self._call.accepted[option.candidate.name].append(tokens)
                 totals = self._call.totals.setdefault(option.candidate.name, [0, 0])
-                totals[0], totals[1] = totals[0] + 1, totals[1] + int(accepted.sum())
+                totals[0], totals[1] = totals[0] + 1, totals[1] + tokens
             if option.probe:
                 c = option.candidate
                 c.probe_every = PROBE_EVERY if accepted.any() else min(2 * c.probe_every, PROBE_MAX)
