@@ -145,3 +145,17 @@ def test_a_candidate_far_below_its_bar_is_timed_once(tiny_bundle, cache, monkeyp
     assert measured["speedups"]["openvino"] < OUT * GAIN and decide(measured) == "fair"
     assert slow.runs == 2  # the check's pass and one timed pass
     assert len(fair_runs) == 4  # the check's and three timed
+
+
+def test_a_candidate_far_behind_another_that_pays_is_timed_once(tiny_bundle, cache, monkeypatch):
+    graph = read_manifest(tiny_bundle).target.graph
+    engine = OrtEngine(tiny_bundle / graph.path, graph)
+    slow = SlowOpenVino(tiny_bundle / graph.path, graph, threads=2)
+    fast = OpenVinoPrefill(tiny_bundle / graph.path, graph, threads=2)
+    slow.name, fast.name = "slow", "fast"
+    for name in ("slow", "fast"):  # both clear their bars: only the other candidate puts the slow one out
+        monkeypatch.setitem(prefill_choice.GAINS, name, 0.01)
+    measured = measure_prefill(engine, [slow, fast], rows=60, rounds=3)
+    assert measured["speedups"]["slow"] < OUT * measured["speedups"]["fast"] and decide(measured) == "fast"
+    assert slow.runs == 2  # the check's pass and one timed pass
+    assert engine.length == 0 and engine.prefiller is None
