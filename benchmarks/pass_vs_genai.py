@@ -3,12 +3,13 @@
 
 Usage:
   python benchmarks/pass_vs_genai.py BUNDLE GENAI_DIR --threads 2 --past 256 --widths 1 2 5 8 --rounds 6 --reps 20
+  python benchmarks/pass_vs_genai.py BUNDLE GENAI_DIR --past 1024 --widths 1 2
 
 BUNDLE's target through our engine (one-row passes padded to the bundle's minimum width, as decoding runs them),
 after a prefill of ``--past`` random tokens; GENAI_DIR (``benchmarks/peers.py``'s ``genai_model`` builds one) run
-the way onnxruntime-genai's CPU path runs it: the same tokens, the past K/V in and the presents out (no shared
-buffer), one-row passes unpadded. Both in one process on the same thread pool. Prints the median ms per pass of
-each width and the ratio ours / genai.
+on the same tokens as onnxruntime-genai runs it (``past_present_share_buffer``: one K/V buffer per layer and kind
+bound as past and present, written in place; ``GenaiGraph``), one-row passes unpadded. Both in one process on the
+same thread pool. Prints the median ms per pass of each width and the ratio ours / genai.
 """
 
 from __future__ import annotations
@@ -28,9 +29,15 @@ from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 
 
 class GenaiGraph:
-    """onnxruntime-genai's decoder graph driven as its CPU path drives it (past -> present)."""
+    """onnxruntime-genai's decoder graph driven as onnxruntime-genai drives it (``past_present_share_buffer``): one
+    K/V buffer of ``capacity`` slots per layer and kind, bound as both the past input and the present output, each
+    pass writing its rows in place after the ``length`` slots committed so far.
 
-    def __init__(self, folder: Path, threads: int, options: ort.SessionOptions | None = None):
+    Feeding the past and reading separate presents (what this class did before 2026-12-06) computes wrong logits after
+    a past with this graph on onnxruntime 1.32: a one-row step 25.9 off (logits) against a whole prefill of the same
+    ids, where the shared buffer is 0.34 off (int8 rounding of one row against many); its timings were not genai's."""
+
+    def __init__(self, folder: Path, threads: int, options: ort.SessionOptions | None = None, capacity: int = 2048):
         """``options``: the session's (default: our engines' CPU options and thread pool for ``threads``)."""
         config = json.loads((folder / "genai_config.json").read_text())["model"]
         dec = config["decoder"]
@@ -38,20 +45,34 @@ class GenaiGraph:
         self.layers, self.kv_heads, self.head = dec["num_hidden_layers"], dec["num_key_value_heads"], dec["head_size"]
         options = options or cpu_session_options(CpuThreads(threads))
         self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        shape = (1, self.kv_heads, capacity, self.head)
+        self.buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in range(2 * self.layers)]
+        self.capacity, self.length = capacity, 0
 
-    def empty(self) -> list[np.ndarray]:
-        return [np.zeros((1, self.kv_heads, 0, self.head), np.float32)] * (2 * self.layers)
-
-    def run(self, ids, past: list[np.ndarray]) -> list[np.ndarray]:
-        """The presents after ``ids`` (key, value per layer)."""
-        feed = {
-            self.names["input_ids"]: np.asarray(ids, np.int64)[None],
-            self.names["attention_mask"]: np.ones((1, past[0].shape[2] + len(ids)), np.int64),
-        }
+    def run(self, ids) -> np.ndarray:
+        """The logits of a pass over ``ids`` after the committed slots; its K/V land after them, uncommitted."""
+        if self.length + len(ids) > self.capacity:
+            raise ValueError(f"{self.length} + {len(ids)} slots exceed the buffers' {self.capacity}: a larger capacity")
+        binding = self.session.io_binding()
+        binding.bind_cpu_input(self.names["input_ids"], np.asarray(ids, np.int64)[None])
+        binding.bind_cpu_input(self.names["attention_mask"], np.ones((1, self.length + len(ids)), np.int64))
         for i in range(self.layers):
-            feed[self.names["past_key_names"] % i] = past[2 * i]
-            feed[self.names["past_value_names"] % i] = past[2 * i + 1]
-        return self.session.run(None, feed)[1:]
+            for j, (kind, name) in enumerate((("key", "past_key_names"), ("value", "past_value_names"))):
+                binding.bind_ortvalue_input(self.names[name] % i, self.buffers[2 * i + j])
+                binding.bind_ortvalue_output(f"present.{i}.{kind}", self.buffers[2 * i + j])
+        binding.bind_output("logits")
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[-1].numpy()
+
+    def commit(self, n: int) -> None:
+        self.length += n
+
+    def prefill(self, ids, chunk: int = 256) -> None:
+        """From empty: ``ids`` in passes of ``chunk`` rows, committed."""
+        self.length = 0
+        for start in range(0, len(ids), chunk):
+            self.run(ids[start : start + chunk])
+            self.commit(len(ids[start : start + chunk]))
 
 
 def main() -> None:
@@ -66,12 +87,12 @@ def main() -> None:
     args = ap.parse_args()
     graph = read_manifest(args.bundle).target.graph
     ours = OrtEngine(args.bundle / graph.path, graph, cpu=CpuThreads(args.threads))
-    genai = GenaiGraph(args.genai, args.threads)
+    genai = GenaiGraph(args.genai, args.threads, capacity=args.past + max(args.widths))
     rng = np.random.default_rng(0)
     context = rng.integers(0, graph.vocab_size, args.past)
     ours.run(context, logits_to_keep=1)
     ours.commit(args.past)
-    past = genai.run(context, genai.empty())
+    genai.prefill(context)
     times = {(who, w): [] for who in ("ours", "genai") for w in args.widths}
     for _ in range(args.rounds):
         for w in args.widths:
@@ -83,7 +104,7 @@ def main() -> None:
             times[("ours", w)].append((time.perf_counter() - start) / args.reps * 1e3)
             start = time.perf_counter()
             for _ in range(args.reps):
-                genai.run(ids, past)
+                genai.run(ids)  # not committed: every run lands in the same slots
             times[("genai", w)].append((time.perf_counter() - start) / args.reps * 1e3)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"threads {args.threads}, past {args.past}; ms per pass, median of {args.rounds} rounds x {args.reps}")

@@ -16,8 +16,9 @@ Method (docs/PERFORMANCE.md, "Past this machine"):
   tied embedding / LM head Q8_0, as in SmolLM2's Q4_1 GGUF. Timed through our engine (in-place cache), one-row
   passes unpadded (our gguf bundles pad them to 2 rows: plain decoding costs the S=2 pass).
 * onnxruntime-genai: its builder (``onnxruntime_genai.models.builder -p int4 -e cpu``, as benchmarks/peers.py
-  runs it) on a random-weight Hugging Face folder of the same shape; timed as its CPU path runs the graph
-  (past K/V in, presents out; ``pass_vs_genai.GenaiGraph``). Skipped, with the reason, where it does not build.
+  runs it) on a random-weight Hugging Face folder of the same shape; timed as onnxruntime-genai runs the graph
+  (past and present in one shared K/V buffer; ``pass_vs_genai.GenaiGraph``). Skipped, with the reason, where it does
+  not build.
 * Depth: a full 1B or 3B graph does not fit this machine's time and memory budget, so each shape is built with
   ``--layers`` (default 2 and 8) decoder layers at its real width, vocabulary and heads. A pass's cost is linear
   in the layer count (every layer the same work), so per width and context: per-layer cost = (t(8) - t(2)) / 6,
@@ -277,20 +278,20 @@ def time_ours(engine: OrtEngine, contexts, widths, rounds: int, reps: int, vocab
 def time_genai(folder: Path, threads: int, contexts, widths, rounds: int, reps: int) -> dict:
     from pass_vs_genai import GenaiGraph  # benchmarks/, beside this script
 
-    graph, rng, out = GenaiGraph(folder, threads), np.random.default_rng(2), {}
+    capacity = max(contexts) + max(widths)
+    graph, rng, out = GenaiGraph(folder, threads, capacity=capacity), np.random.default_rng(2), {}
     for ctx in contexts:
-        past = graph.run(rng.integers(0, graph.vocab_size, ctx), graph.empty())
+        graph.prefill(rng.integers(0, graph.vocab_size, ctx))
         times = {w: [] for w in widths}
         for _ in range(rounds):
             for w in widths:
                 ids = rng.integers(0, graph.vocab_size, w)
-                graph.run(ids, past)
+                graph.run(ids)  # not committed: every pass writes the same slots
                 for _ in range(reps):
                     t0 = time.perf_counter()
-                    graph.run(ids, past)
+                    graph.run(ids)
                     times[w].append((time.perf_counter() - t0) * 1e3)
         out[ctx] = {w: statistics.median(v) for w, v in times.items()}
-        del past
     return out
 
 
