@@ -10,7 +10,9 @@ prompt of each ``--prompts`` file (Spec-Bench style JSONL); each file is its own
 (bundle, method) runs go in a rotated order. Prints per group, bundle and method: decode tok/s, its ratio to the
 same bundle's plain and to the first bundle's plain, tokens per target pass, outputs equal to that bundle's
 plain, and the median of the per-turn decode-time ratios against the first bundle's same method (the pairwise
-figure to trust on a drifting machine).
+figure to trust on a drifting machine). Read the plain rows' pairwise figure first: on machine B (2026-12-06) the
+second bundle's plain read 1.02-1.04x the first's in every group, also with byte-identical target graphs, so a
+method's ratio to its own bundle's plain is the comparison there.
 
 Step costs: ``auto`` steers by a curve of pass cost over width, measured once per bundle and cached. Bundles whose
 target graph is the same file (a head or table A/B) all get the first such bundle's curve, so that the comparison
