@@ -27,6 +27,8 @@ from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.ort_engine import OrtEngine
 from specdec_edge.runtime.threads import CpuThreads, cpu_session_options
 
+PREFILL_CHUNK = 256  # rows of each prefill pass (``GenaiGraph.prefill``)
+
 
 class GenaiGraph:
     """onnxruntime-genai's decoder graph driven as onnxruntime-genai drives it (``past_present_share_buffer``): one
@@ -48,31 +50,32 @@ class GenaiGraph:
         shape = (1, self.kv_heads, capacity, self.head)
         self.buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in range(2 * self.layers)]
         self.capacity, self.length = capacity, 0
+        self.binding = self.session.io_binding()  # the buffers bound once; each pass rebinds ids, mask, logits
+        for i in range(self.layers):
+            for j, (kind, name) in enumerate((("key", "past_key_names"), ("value", "past_value_names"))):
+                self.binding.bind_ortvalue_input(self.names[name] % i, self.buffers[2 * i + j])
+                self.binding.bind_ortvalue_output(f"present.{i}.{kind}", self.buffers[2 * i + j])
 
     def run(self, ids) -> np.ndarray:
         """The logits of a pass over ``ids`` after the committed slots; its K/V land after them, uncommitted."""
         if self.length + len(ids) > self.capacity:
             raise ValueError(f"{self.length} + {len(ids)} slots exceed the buffers' {self.capacity}: a larger capacity")
-        binding = self.session.io_binding()
-        binding.bind_cpu_input(self.names["input_ids"], np.asarray(ids, np.int64)[None])
-        binding.bind_cpu_input(self.names["attention_mask"], np.ones((1, self.length + len(ids)), np.int64))
-        for i in range(self.layers):
-            for j, (kind, name) in enumerate((("key", "past_key_names"), ("value", "past_value_names"))):
-                binding.bind_ortvalue_input(self.names[name] % i, self.buffers[2 * i + j])
-                binding.bind_ortvalue_output(f"present.{i}.{kind}", self.buffers[2 * i + j])
-        binding.bind_output("logits")
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[-1].numpy()
+        self.binding.bind_cpu_input(self.names["input_ids"], np.asarray(ids, np.int64)[None])
+        self.binding.bind_cpu_input(self.names["attention_mask"], np.ones((1, self.length + len(ids)), np.int64))
+        self.binding.bind_output("logits")  # unallocated again: its shape follows the pass's rows
+        self.session.run_with_iobinding(self.binding)
+        return self.binding.get_outputs()[-1].numpy()
 
     def commit(self, n: int) -> None:
         self.length += n
 
-    def prefill(self, ids, chunk: int = 256) -> None:
+    def prefill(self, ids, chunk: int = PREFILL_CHUNK) -> None:
         """From empty: ``ids`` in passes of ``chunk`` rows, committed."""
         self.length = 0
         for start in range(0, len(ids), chunk):
-            self.run(ids[start : start + chunk])
-            self.commit(len(ids[start : start + chunk]))
+            part = ids[start : start + chunk]
+            self.run(part)
+            self.commit(len(part))
 
 
 def main() -> None:

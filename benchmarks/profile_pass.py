@@ -135,7 +135,7 @@ def genai_part(name: str) -> str:
 
 def profile_genai(folder: Path, args) -> tuple[dict, int]:
     """``profile_bundle`` for an onnxruntime-genai model folder (module docstring); also its node count."""
-    from pass_vs_genai import GenaiGraph  # benchmarks/, beside this script
+    from pass_vs_genai import PREFILL_CHUNK, GenaiGraph  # benchmarks/, beside this script
 
     opts = cpu_session_options(CpuThreads(args.threads))  # our engines' pool and options: the same threads
     rng = np.random.default_rng(0)
@@ -146,7 +146,7 @@ def profile_genai(folder: Path, args) -> tuple[dict, int]:
         labels = []
         for ctx in args.contexts:
             genai.prefill(rng.integers(0, genai.vocab_size, ctx))
-            labels += [None] * -(-ctx // 256)
+            labels += [None] * -(-ctx // PREFILL_CHUNK)  # one unlabelled pass per prefill chunk
             cases = [(f"S={s}", s) for s in args.widths] + (
                 [(f"P{args.prefill}", args.prefill)] if args.prefill else []
             )
