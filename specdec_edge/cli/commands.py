@@ -342,6 +342,11 @@ def train_draft(method, target, out, **settings):
 )  # fmt: skip
 @click.option("--max-minutes", type=float, default=None, help="Stop after the shard running at this time.")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="Default: one per physical core.")
+@click.option(
+    "--spinning/--no-spinning", default=True, show_default=True,
+    help="Thread pools that spin between ops (fastest on an idle machine), or sleep (--no-spinning: for a background "
+    "job beside other work, which two spinning processes on the same cores slow several-fold).",
+)  # fmt: skip
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="The corpus's seed.")
 @click.option(
     "--per-shard", type=click.IntRange(1, 10_000), default=64, show_default=True,
@@ -352,7 +357,7 @@ def train_draft(method, target, out, **settings):
     "--table", help="Write an n-gram table of the corpus's answers to this file (for `export --ngram-table`) and stop."
 )
 @click.option("--min-count", type=click.IntRange(min=1), default=2, show_default=True, help="With --table.")
-def corpus(folder, bundle, goal, max_minutes, threads, seed, per_shard, show_report, table, min_count):
+def corpus(folder, bundle, goal, max_minutes, threads, spinning, seed, per_shard, show_report, table, min_count):
     """Grow a training corpus in shards: requests the model writes itself and its greedy answers (exact, by our
     runtime). Stopped at any time, a rerun continues after the last whole shard; commit the shards so that the
     corpus grows from session to session. Spec-Bench prompts and near-copies are kept out.
@@ -360,6 +365,7 @@ def corpus(folder, bundle, goal, max_minutes, threads, seed, per_shard, show_rep
     \b
     Examples:
       nice -n 10 specdec-edge corpus corpus/smollm2-135m-instruct --max-minutes 120
+      nice -n 10 specdec-edge corpus corpus/smollm2-135m-instruct --no-spinning   # in the background of other work
       specdec-edge corpus corpus/smollm2-135m-instruct --report
       specdec-edge corpus corpus/smollm2-135m-instruct --table smollm2.ngram.npz
     """
@@ -384,7 +390,7 @@ def corpus(folder, bundle, goal, max_minutes, threads, seed, per_shard, show_rep
         bundle = default_bundle()
     settings = corpora.CorpusSettings(seed=seed, per_shard=per_shard)
     corpora.grow(bundle, folder, settings, answer_tokens_goal=goal, max_minutes=max_minutes, threads=threads,
-                 log=lambda m: click.echo(m, err=True))  # fmt: skip
+                 spinning=spinning, log=lambda m: click.echo(m, err=True))  # fmt: skip
 
 
 @main.command("export-drafter", context_settings=CONTEXT)

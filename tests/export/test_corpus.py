@@ -347,3 +347,30 @@ def test_corpus_features_are_the_target_graphs_even_where_a_prefill_graph_would_
             prefill(tap, seq["ids"].tolist())
             features = tap.features[: len(seq["ids"])].astype(np.float16)
         assert np.array_equal(features, seq["features"]) == same, runtime
+
+
+def test_a_corpus_grown_with_sleeping_thread_pools_holds_the_same_shard(tmp_path, chatty_bundle, monkeypatch):
+    """`corpus --no-spinning` (for a background job: its thread pools sleep instead of spinning) loads the runtime
+    so and writes what the default writes: the pool changes how threads wait, not what the model computes."""
+    from click.testing import CliRunner
+
+    from specdec_edge.api.pipeline import Pipeline
+    from specdec_edge.cli import main
+
+    loaded, real_load = [], Pipeline.load.__func__
+
+    def load(cls, bundle, settings=None, **keywords):  # the real load, recording how the pools were asked for
+        loaded.append(keywords.get("spinning", True))
+        return real_load(cls, bundle, settings, **keywords)
+
+    monkeypatch.setattr(Pipeline, "load", classmethod(load))
+    shards = []
+    for flag in ("--spinning", "--no-spinning"):
+        folder = tmp_path / flag
+        args = ["corpus", str(folder), "--bundle", str(chatty_bundle), "--goal", "1", "--per-shard", "2", "--threads",
+                "1", flag]  # fmt: skip
+        result = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        shards.append((folder / "shard-00000.ids").read_bytes())
+    assert loaded == [True, False]
+    assert shards[0] == shards[1] and len(shards[0]) > 0
