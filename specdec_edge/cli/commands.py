@@ -388,9 +388,12 @@ def corpus(folder, bundle, goal, max_minutes, threads, spinning, seed, per_shard
         from specdec_edge.export.default_model import default_bundle
 
         bundle = default_bundle()
+    from specdec_edge.api.settings import LoadSettings
+
     settings = corpora.CorpusSettings(seed=seed, per_shard=per_shard)
-    corpora.grow(bundle, folder, settings, answer_tokens_goal=goal, max_minutes=max_minutes, threads=threads,
-                 spinning=spinning, log=lambda m: click.echo(m, err=True))  # fmt: skip
+    load = LoadSettings(threads=threads, spinning=spinning)
+    corpora.grow(bundle, folder, settings, answer_tokens_goal=goal, max_minutes=max_minutes, load=load,
+                 log=lambda m: click.echo(m, err=True))  # fmt: skip
 
 
 @main.command("export-drafter", context_settings=CONTEXT)

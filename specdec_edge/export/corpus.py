@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_edge.api.settings import LoadSettings
 from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import ExportError
 
@@ -332,11 +333,12 @@ def write_shard(pipe, corpus: Corpus, filters: NearDuplicates) -> tuple[Path, Sh
 
 
 def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, answer_tokens_goal: int,
-         max_minutes: float | None = None, max_shards: int | None = None, threads: int | None = None,
-         spinning: bool = True, log=print) -> Corpus:  # fmt: skip
+         max_minutes: float | None = None, max_shards: int | None = None, load: LoadSettings | None = None,
+         log=print) -> Corpus:  # fmt: skip
     """Append shards to the corpus in ``folder`` until it holds ``answer_tokens_goal`` answer tokens (or
     ``max_minutes`` pass, or ``max_shards`` more were written); a rerun continues after the last whole shard.
-    ``spinning``: the runtime's thread pool spins between ops (fastest alone) or sleeps (a background job)."""
+    ``load``: how the runtime loads the bundle (threads; ``spinning``: pools that spin between ops, fastest alone, or
+    sleep, for a job in the background of other work)."""
     from specdec_edge.api.pipeline import Pipeline
     from specdec_edge.bundle.manifest import read_manifest
 
@@ -350,7 +352,7 @@ def grow(bundle: str | Path, folder: str | Path, settings: CorpusSettings, *, an
     log(f"corpus {corpus.folder}: {len(corpus.shards)} shards, {len(corpus.requests)} requests, "
         f"{corpus.answer_tokens} answer tokens; goal {answer_tokens_goal}")  # fmt: skip
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
-    with Pipeline.load(root, method=settings.method, threads=threads, spinning=spinning) as pipe:
+    with Pipeline.load(root, load or LoadSettings(), method=settings.method) as pipe:
         last = None if max_shards is None else len(corpus.shards) + max_shards
         while corpus.answer_tokens < answer_tokens_goal and (deadline is None or time.monotonic() < deadline):
             if last is not None and len(corpus.shards) >= last:
