@@ -74,13 +74,22 @@ def test_chat_warms_up_while_the_first_line_is_typed(tiny_bundle, monkeypatch):
     from specdec_edge.api.engines import Engines
     from specdec_edge.cli import main
 
-    warmed, real = [], Engines.warm_up
-    monkeypatch.setattr(Engines, "warm_up", lambda self: warmed.append(real(self)) or warmed[-1])
+    warmed, errors, real = [], [], Engines.warm_up
+
+    def warm_up(self):  # the real warm-up, its seconds and any error recorded (chat's thread swallows its errors)
+        try:
+            warmed.append(real(self))
+        except Exception as e:
+            errors.append(repr(e))
+            raise
+        return warmed[-1]
+
+    monkeypatch.setattr(Engines, "warm_up", warm_up)
     line = " ".join(LONG.split())  # one typed line
     args = ["chat", str(tiny_bundle), "--method", "pld", "--prefill", "openvino", "--max-new-tokens", "12"]
     res = CliRunner().invoke(main, args, input=f"{line}\n/exit\n")
     assert res.exit_code == 0, res.output
-    assert len(warmed) == 1 and warmed[0] > 0
+    assert len(warmed) == 1 and warmed[0] > 0, (warmed, errors, res.output)
     want = Pipeline.load(tiny_bundle, method="pld", prefill="openvino")
     messages = [{"role": "user", "content": line}]
     assert len(want.encode(messages)) > 64  # long enough to prefill through OpenVINO
