@@ -147,7 +147,10 @@ class Engines:
         rows = min(WARM_ROWS, self.capacity - 1)
         ids = np.random.default_rng(0).integers(3, self.target.vocab_size, size=rows).tolist()
         with self.lease.holding():
-            self.claim(None)  # the API's own context
+            # From slot 0, whatever a call left in the caches (chat warms up in a thread, which may get the engines
+            # after its first message): that context goes to its owner's prompt cache, as before another's call.
+            self.keep()
+            self._forget()
             try:
                 self.target.prefill_run(ids, logits_to_keep=1)
             finally:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec_edge import Pipeline, SpecdecError
-from specdec_edge.api.engines import open_engines
+from specdec_edge.api.engines import WARM_ROWS, open_engines
 from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.runtime.base import prefill
 from specdec_edge.runtime.ort_engine import OrtEngine
@@ -64,6 +64,22 @@ def test_warm_up_readies_the_prefill_runtime_and_leaves_the_caches_empty(tiny_bu
         pipe.out = [pipe.generate(LONG, max_new_tokens=16, reuse=False).token_ids for _ in range(2)]
     assert warm.out == cold.out and warm.out[0] == warm.out[1]
     assert Pipeline.load(tiny_bundle, method="pld", prefill="onnxruntime").warm_up() == 0  # nothing to ready
+
+
+def test_a_warm_up_after_a_call_starts_from_an_empty_cache(tiny_bundle):
+    """``chat`` warms up in a thread, which may get the engines only after the first message was answered: the
+    warm-up's rows then start at slot 0, not after the conversation (which overflowed the cache here, and the error
+    was swallowed), the conversation goes to the prompt cache, and the next turn is answered as without it."""
+    pipe = Pipeline.load(tiny_bundle, method="pld", prefill="openvino")
+    fresh = Pipeline.load(tiny_bundle, method="pld", prefill="openvino")
+    messages = [{"role": "user", "content": LONG}]
+    first = pipe.generate(messages, max_new_tokens=16)
+    target = pipe.engines.target
+    assert target.length + min(WARM_ROWS, target.capacity - 1) > target.capacity - 1  # the warm-up won't fit after it
+    assert pipe.warm_up() > 0
+    assert target.length == 0 and target.held == []
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
+    assert pipe.generate(messages, max_new_tokens=8).token_ids == fresh.generate(messages, max_new_tokens=8).token_ids
 
 
 def test_chat_warms_up_while_the_first_line_is_typed(tiny_bundle, monkeypatch):
