@@ -16,6 +16,12 @@ from specdec_edge.export import corpus as corpus_mod
 from specdec_edge.export.corpus import Corpus, CorpusSettings, NearDuplicates, grow, held_out
 
 SETTINGS = CorpusSettings(per_shard=3, answer_tokens=12, request_tokens=48)  # the tiny tokenizer: ~1 token a character
+ONE_THREAD = LoadSettings(threads=1)
+
+
+def grow_one_more(bundle, folder) -> None:
+    """One more shard of ``SETTINGS`` in ``folder``, written by ``bundle`` on one thread."""
+    grow(bundle, folder, SETTINGS, answer_tokens_goal=10**6, max_shards=1, load=ONE_THREAD, log=lambda m: 0)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,7 @@ def chatty_bundle(tmp_path_factory, chatty_dir):
 @pytest.fixture(scope="module")
 def grown(tmp_path_factory, chatty_bundle):
     folder = tmp_path_factory.mktemp("corpus") / "c"
-    grow(chatty_bundle, folder, SETTINGS, answer_tokens_goal=1, load=LoadSettings(threads=1), log=lambda m: None)
+    grow(chatty_bundle, folder, SETTINGS, answer_tokens_goal=1, load=ONE_THREAD, log=lambda m: None)
     return folder
 
 
@@ -56,15 +62,7 @@ def test_a_rerun_continues_after_the_last_whole_shard(tmp_path, grown, chatty_bu
     shutil.copytree(grown, folder)
     first = (folder / "shard-00000.ids").read_bytes()
     (folder / "shard-00001.ids").write_bytes(b"half a shard")  # interrupted before its manifest was written
-    grow(
-        chatty_bundle,
-        folder,
-        SETTINGS,
-        answer_tokens_goal=10**6,
-        max_shards=1,
-        load=LoadSettings(threads=1),
-        log=lambda m: 0,
-    )
+    grow_one_more(chatty_bundle, folder)
     corpus = Corpus.read(folder)
     assert [s["shard"] for s in corpus.shards] == [0, 1]  # one more shard, the half one written again
     assert (folder / "shard-00000.ids").read_bytes() == first
@@ -96,9 +94,7 @@ def test_the_same_model_exported_anew_continues_the_corpus_and_another_model_is_
     folder = tmp_path / "c"
     shutil.copytree(grown, folder)
     plainer = export_bundle(str(chatty_dir), tmp_path / "again", capacity=256, progress=False)
-    grow(
-        plainer, folder, SETTINGS, answer_tokens_goal=10**6, max_shards=1, load=LoadSettings(threads=1), log=lambda m: 0
-    )
+    grow_one_more(plainer, folder)
     corpus = Corpus.read(folder)
     assert len(corpus.shards) == 2 and corpus.shards[0]["identity"] == corpus.shards[1]["identity"]
     assert corpus.shards[0]["graph_digest"] != corpus.shards[1]["graph_digest"]
@@ -146,15 +142,7 @@ def test_heads_train_on_the_bundles_own_features_with_a_check_per_epoch(tmp_path
 
     corpus = tmp_path / "c"
     shutil.copytree(grown, corpus)
-    grow(
-        chatty_bundle,
-        corpus,
-        SETTINGS,
-        answer_tokens_goal=10**6,
-        max_shards=1,
-        load=LoadSettings(threads=1),
-        log=lambda m: 0,
-    )
+    grow_one_more(chatty_bundle, corpus)
     settings = dict(TRAIN, epochs=2, corpus=corpus, eval_bundle=chatty_bundle, eval_prompts=2, threads=1)
     settings.update(held_out_every=3)  # a few of the 6 requests held out, so the check has prompts
     assert 0 < sum(held_out(r, 3) for r in Corpus.read(corpus).requests) < 6
@@ -283,15 +271,7 @@ def test_training_continues_an_earlier_head_on_the_first_shards_it_names(tmp_pat
 
     corpus = tmp_path / "c"
     shutil.copytree(grown, corpus)
-    grow(
-        chatty_bundle,
-        corpus,
-        SETTINGS,
-        answer_tokens_goal=10**6,
-        max_shards=1,
-        load=LoadSettings(threads=1),
-        log=lambda m: 0,
-    )
+    grow_one_more(chatty_bundle, corpus)
     assert len(Corpus.read(corpus).shards) == 2
     settings = dict(TRAIN, epochs=1, corpus=corpus, threads=1, progress=False, held_out_every=1000)
     first = train_draft("eagle", str(chatty_bundle), tmp_path / "a", **settings, corpus_shards=1)
@@ -364,7 +344,7 @@ def test_corpus_features_are_the_target_graphs_even_where_a_prefill_graph_would_
     for path in (tmp_path / "cache" / "prefill").glob("*.json"):  # as if the prefill graph had won it here
         path.write_text(json.dumps({**json.loads(path.read_text()), "runtime": "fp32"}))
     corpus = tmp_path / "c"
-    grow(bundle, corpus, SETTINGS, answer_tokens_goal=1, load=LoadSettings(threads=1), log=lambda m: None)
+    grow(bundle, corpus, SETTINGS, answer_tokens_goal=1, load=ONE_THREAD, log=lambda m: None)
     train, apart = corpus_data(bundle, corpus, tmp_path / "f", held_out_every=10**6, threads=1, progress=False)
     seq = max(train + apart, key=lambda s: len(s["ids"]))
     assert len(seq["ids"]) >= 2 * GraphPrefill.min_rows
