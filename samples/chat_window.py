@@ -93,10 +93,26 @@ class ChatWindow:
         self.stop_button.configure(state="disabled")
 
 
+class _HeldAfterFirstPiece(queue.Queue):
+    """The worker's queue for ``run_once``: after the first piece the worker waits until Stop was pressed, so a
+    short answer cannot reach its end before the window shows it (a race a fast machine loses)."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__()
+        self.stopped, self.timeout_s, self.first = threading.Event(), timeout_s, True
+
+    def put(self, item, block=True, timeout=None):
+        super().put(item, block, timeout)
+        if item is not None and self.first:
+            self.first = False
+            self.stopped.wait(self.timeout_s)
+
+
 def run_once(bundle: str, prompt: str, max_new_tokens: int = 200, timeout_s: float = 30.0):
     """Open the window, send ``prompt``, press Stop once the answer started; return the GenerationResult."""
     root = tk.Tk()
     window = ChatWindow(root, Pipeline.load(bundle), max_new_tokens)
+    window.pieces = held = _HeldAfterFirstPiece(timeout_s)
     window.entry.insert(0, prompt)
     window.send_button.invoke()
     deadline = threading.Event()
@@ -104,8 +120,9 @@ def run_once(bundle: str, prompt: str, max_new_tokens: int = 200, timeout_s: flo
     while window.stream is not None and not deadline.is_set():
         root.update()
         time.sleep(0.005)
-        if window.answer:
+        if window.answer and not held.stopped.is_set():
             window.stop_button.invoke()
+            held.stopped.set()
     result = window.result
     root.destroy()
     if result is None:
