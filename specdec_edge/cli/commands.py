@@ -352,12 +352,20 @@ def train_draft(method, target, out, **settings):
     "--per-shard", type=click.IntRange(1, 10_000), default=64, show_default=True,
     help="Requests per shard: what an interruption loses at most. Every shard of a corpus uses the same.",
 )  # fmt: skip
+@click.option(
+    "--openers", type=click.Choice(["", "tasks"]), default="", show_default=True,
+    help="'tasks': each request starts with a task opener ('Write a poem about', 'Translate into Spanish:', ...; "
+    "export/openers.py) that the model completes, spreading requests over the kinds of task people ask; '': the model "
+    "writes the whole request (mostly advice and explanations). A corpus keeps one setting: use another folder.",
+)  # fmt: skip
 @click.option("--report", "show_report", is_flag=True, help="Print what the corpus holds (JSON) and stop.")
 @file_option(
     "--table", help="Write an n-gram table of the corpus's answers to this file (for `export --ngram-table`) and stop."
 )
 @click.option("--min-count", type=click.IntRange(min=1), default=2, show_default=True, help="With --table.")
-def corpus(folder, bundle, goal, max_minutes, threads, spinning, seed, per_shard, show_report, table, min_count):
+def corpus(
+    folder, bundle, goal, max_minutes, threads, spinning, seed, per_shard, openers, show_report, table, min_count
+):
     """Grow a training corpus in shards: requests the model writes itself and its greedy answers (exact, by our
     runtime). Stopped at any time, a rerun continues after the last whole shard; commit the shards so that the
     corpus grows from session to session. Spec-Bench prompts and near-copies are kept out.
@@ -366,6 +374,7 @@ def corpus(folder, bundle, goal, max_minutes, threads, spinning, seed, per_shard
     Examples:
       nice -n 10 specdec-edge corpus corpus/smollm2-135m-instruct --max-minutes 120
       nice -n 10 specdec-edge corpus corpus/smollm2-135m-instruct --no-spinning   # in the background of other work
+      nice -n 10 specdec-edge corpus corpus/smollm2-135m-instruct-tasks --openers tasks --no-spinning
       specdec-edge corpus corpus/smollm2-135m-instruct --report
       specdec-edge corpus corpus/smollm2-135m-instruct --table smollm2.ngram.npz
     """
@@ -390,7 +399,7 @@ def corpus(folder, bundle, goal, max_minutes, threads, spinning, seed, per_shard
         bundle = default_bundle()
     from specdec_edge.api.settings import LoadSettings
 
-    settings = corpora.CorpusSettings(seed=seed, per_shard=per_shard)
+    settings = corpora.CorpusSettings(seed=seed, per_shard=per_shard, openers=openers)
     load = LoadSettings(threads=threads, spinning=spinning)
     corpora.grow(bundle, folder, settings, answer_tokens_goal=goal, max_minutes=max_minutes, load=load,
                  log=lambda m: click.echo(m, err=True))  # fmt: skip

@@ -35,6 +35,7 @@ import numpy as np
 from specdec_edge.api.settings import LoadSettings
 from specdec_edge.atomic import write_atomic
 from specdec_edge.errors import ExportError
+from specdec_edge.export import openers
 
 FORMAT = "specdec-edge-corpus/1"
 SENTINEL = "\u2063specdec-edge-user-request\u2063"  # never produced by a model: marks where the request starts
@@ -56,6 +57,15 @@ class CorpusSettings:
     top_p: float = 0.98
     min_words: int = 3
     max_words: int = 120
+    openers: str = ""  # "": the model writes the whole request; "tasks": it completes a task opener (openers.py)
+
+
+LATE_FIELDS = {"openers": ""}  # settings added after shards were written: absent from a shard means this value
+
+
+def stored_settings(settings: dict) -> dict:
+    """Settings as a shard stores them: a late field at its old value left out, so older shards still agree."""
+    return {k: v for k, v in settings.items() if not (k in LATE_FIELDS and v == LATE_FIELDS[k])}
 
 
 @dataclass
@@ -122,7 +132,9 @@ class Corpus:
             raise ExportError(f"corpus shard {path} is damaged ({e}); {fix}.") from None
         if shard.get("format") != FORMAT:
             raise ExportError(f"corpus shard {path} is not a {FORMAT} shard; {fix}.")
-        if shard.get("identity") != self.identity or shard.get("settings") != asdict(self.settings):
+        if shard.get("identity") != self.identity or stored_settings(shard.get("settings") or {}) != stored_settings(
+            asdict(self.settings)
+        ):
             raise ExportError(
                 f"corpus shard {path} is foreign: written by another model or with other settings "
                 f"({_difference(shard, self.identity, asdict(self.settings))}); {fix}."
@@ -170,7 +182,7 @@ class Corpus:
             "shard": index,
             "identity": self.identity,
             "graph_digest": self.bundle,
-            "settings": asdict(self.settings),
+            "settings": stored_settings(asdict(self.settings)),
             "seed": shard_seed(self.settings.seed, index),
             "ids_dtype": np.dtype(self.dtype).name,
             "ids_sha256": hashlib.sha256(data).hexdigest(),
@@ -212,7 +224,7 @@ def _difference(shard: dict, identity: dict, settings: dict) -> str:
         theirs = shard.get("identity") or {}
         differ = [f"{k} {theirs.get(k)!r} vs this bundle's {v!r}" for k, v in identity.items() if theirs.get(k) != v]
         return "; ".join(differ)
-    theirs = shard.get("settings") or {}
+    theirs = {**LATE_FIELDS, **(shard.get("settings") or {})}
     return ", ".join(f"{k}={theirs.get(k)!r} vs {v!r}" for k, v in settings.items() if theirs.get(k) != v)
 
 
@@ -297,20 +309,22 @@ def write_shard(pipe, corpus: Corpus, filters: NearDuplicates) -> tuple[Path, Sh
     """Write and answer the next shard's requests with ``pipe`` (a ``Pipeline`` over the corpus's bundle)."""
     s, index = corpus.settings, len(corpus.shards)
     prefix, eos = user_turn_prefix(pipe.tokenizer), sorted(pipe.tokenizer.eos_token_ids)
+    openers.check(s.openers)
     report, records, ids, seed = ShardReport(), [], [], shard_seed(s.seed, index)
     start = time.perf_counter()
     while report.kept < s.per_shard:
         if report.sampled >= 20 * s.per_shard:
             raise ExportError(f"the model wrote no usable request in {report.sampled} tries ({dict(report.dropped)}).")
+        start_words = openers.opener(s.openers, seed + report.sampled)
         sample = pipe.generate(
-            prefix, s.request_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed + report.sampled,
-            history=False,
+            prefix + start_words, s.request_tokens, temperature=s.temperature, top_p=s.top_p,
+            seed=seed + report.sampled, history=False,
         )  # fmt: skip
         report.sampled += 1
         if sample.finish_reason != "eos":
             report.dropped["unfinished"] += 1
             continue
-        text = sample.text.strip()
+        text = (start_words + sample.text).strip()
         reason = drop_reason(text, sample.token_ids, s) or filters.reason(text)
         if reason:
             report.dropped[reason] += 1

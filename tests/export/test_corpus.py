@@ -13,6 +13,7 @@ import pytest
 from specdec_edge.api.settings import LoadSettings
 from specdec_edge.errors import ExportError
 from specdec_edge.export import corpus as corpus_mod
+from specdec_edge.export import openers
 from specdec_edge.export.corpus import Corpus, CorpusSettings, NearDuplicates, grow, held_out
 
 SETTINGS = CorpusSettings(per_shard=3, answer_tokens=12, request_tokens=48)  # the tiny tokenizer: ~1 token a character
@@ -47,7 +48,8 @@ def test_a_shard_holds_the_bundles_requests_and_its_greedy_answers(grown, chatty
     assert len(corpus.shards) == 1 and len(corpus.requests) == 3
     shard = corpus.shards[0]
     assert shard["counts"]["requests"] == 3 and shard["counts"]["sampled"] >= 3
-    assert shard["settings"] == json.loads(json.dumps(SETTINGS.__dict__))
+    assert CorpusSettings(**shard["settings"]) == SETTINGS
+    assert "openers" not in shard["settings"]  # a late field at its old value: shards written before it still agree
     with Pipeline.load(chatty_bundle, method="plain", threads=1) as pipe:
         for request, ids, answer in corpus.records(shard):
             messages = [{"role": "user", "content": request}]
@@ -82,6 +84,30 @@ def test_a_damaged_or_foreign_shard_is_refused_by_name(tmp_path, grown, chatty_b
     (folder / "shard-00000.json").write_text("{not json")
     with pytest.raises(ExportError, match=r"shard-00000.json is damaged"):
         Corpus.read(folder)
+
+
+def test_an_opener_set_starts_every_request_and_a_corpus_keeps_its_set(tmp_path, grown, chatty_bundle):
+    folder = tmp_path / "tasks"
+    tasks = replace(SETTINGS, openers="tasks")
+    grow(chatty_bundle, folder, tasks, answer_tokens_goal=1, load=ONE_THREAD, log=lambda m: 0)
+    shard = Corpus.read(folder).shards[0]
+    assert shard["settings"]["openers"] == "tasks"
+    for record in shard["records"]:
+        assert any(record["request"].startswith(o) for o in openers.TASKS), record["request"]
+    seeds = range(shard["seed"], shard["seed"] + shard["counts"]["sampled"])
+    assert {r["request"].split()[0] for r in shard["records"]} <= {openers.opener("tasks", s).split()[0] for s in seeds}
+    with pytest.raises(ExportError, match=r"shard-00000.json is foreign.*openers='tasks' vs ''"):
+        grow(chatty_bundle, folder, SETTINGS, answer_tokens_goal=10**6, max_shards=1, log=lambda m: 0)
+    with pytest.raises(ExportError, match=r"foreign.*openers='' vs 'tasks'"):
+        grow(chatty_bundle, grown, tasks, answer_tokens_goal=10**6, max_shards=1, log=lambda m: 0)
+
+
+def test_openers_are_drawn_by_seed_and_an_unknown_set_is_named():
+    assert openers.opener("", 5) == ""
+    drawn = [openers.opener("tasks", s) for s in range(400)]
+    assert drawn == [openers.opener("tasks", s) for s in range(400)] and len(set(drawn)) > 50
+    with pytest.raises(ValueError, match=r"unknown opener set 'poems'.*'tasks'"):
+        openers.opener("poems", 0)
 
 
 def test_the_same_model_exported_anew_continues_the_corpus_and_another_model_is_refused(
