@@ -416,6 +416,7 @@ def report(corpus: Corpus) -> dict:
         "request_words_p10_p50_p90": [float(np.percentile(words, q)) for q in (10, 50, 90)],
         "answer_tokens_p10_p50_p90": [float(np.percentile(answers, q)) for q in (10, 50, 90)],
         "answers_ended_by_the_model": round(finishes.get("eos", 0) / max(len(requests), 1), 3),
+        "openers": corpus.settings.openers or "none (the model writes the whole request)",
         "topics": dict(Counter(topic(r) for r in requests).most_common()),
         "machines": dict(Counter(s["machine"]["cpu"] for s in corpus.shards)),
         "seconds": round(sum(s["counts"]["seconds"] for s in corpus.shards)),

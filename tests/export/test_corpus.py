@@ -91,7 +91,7 @@ def test_an_opener_set_starts_every_request_and_a_corpus_keeps_its_set(tmp_path,
     tasks = replace(SETTINGS, openers="tasks")
     grow(chatty_bundle, folder, tasks, answer_tokens_goal=1, load=ONE_THREAD, log=lambda m: 0)
     shard = Corpus.read(folder).shards[0]
-    assert shard["settings"]["openers"] == "tasks"
+    assert shard["settings"]["openers"] == "tasks" and corpus_mod.report(Corpus.read(folder))["openers"] == "tasks"
     for record in shard["records"]:
         assert any(record["request"].startswith(o) for o in openers.TASKS), record["request"]
     seeds = range(shard["seed"], shard["seed"] + shard["counts"]["sampled"])
@@ -208,6 +208,7 @@ def test_the_command_reports_the_corpus_and_writes_its_table(tmp_path, grown):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["requests"] == 3 and summary["shards"] == 1 and sum(summary["topics"].values()) == 3
+    assert summary["openers"].startswith("none")
     result = CliRunner().invoke(main, ["corpus", str(grown), "--table", str(tmp_path / "t.npz"), "--min-count", "1"])
     assert result.exit_code == 0, result.output
     table = NgramTable.load(tmp_path / "t.npz")
