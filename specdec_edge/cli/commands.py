@@ -16,6 +16,7 @@ import click
 from specdec_edge import __version__
 from specdec_edge.cli.options import file_option
 from specdec_edge.errors import SpecdecError
+from specdec_edge.export.openers import SETS as OPENER_SETS
 from specdec_edge.runtime.base import BACKENDS
 from specdec_edge.runtime.trt_libraries import ENGINE_KINDS
 from specdec_edge.speculative.methods import HEAD_METHODS, METHODS
@@ -353,7 +354,7 @@ def train_draft(method, target, out, **settings):
     help="Requests per shard: what an interruption loses at most. Every shard of a corpus uses the same.",
 )  # fmt: skip
 @click.option(
-    "--openers", type=click.Choice(["", "tasks"]), default="", show_default=True,
+    "--openers", type=click.Choice(sorted(OPENER_SETS)), default="", show_default=True,
     help="'tasks': each request starts with a task opener ('Write a poem about', 'Translate into Spanish:', ...; "
     "export/openers.py) that the model completes, spreading requests over the kinds of task people ask; '': the model "
     "writes the whole request (mostly advice and explanations). A corpus keeps one setting: use another folder.",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 
+from specdec_edge.errors import ExportError
+
 TASKS = (
     # writing
     "Write a short story about", "Write a poem about", "Write a blog post about", "Write a persuasive essay on",
@@ -49,7 +51,7 @@ def check(name: str) -> None:
     """Refuse an unknown opener set by name, listing the known ones."""
     if name not in SETS:
         known = ", ".join(repr(k) for k in SETS)
-        raise ValueError(f"unknown opener set {name!r}; use one of {known} ('': the model writes the whole request)")
+        raise ExportError(f"unknown opener set {name!r}; use one of {known} ('': the model writes the whole request)")
 
 
 def opener(name: str, seed: int) -> str:

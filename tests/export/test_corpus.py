@@ -106,7 +106,7 @@ def test_openers_are_drawn_by_seed_and_an_unknown_set_is_named():
     assert openers.opener("", 5) == ""
     drawn = [openers.opener("tasks", s) for s in range(400)]
     assert drawn == [openers.opener("tasks", s) for s in range(400)] and len(set(drawn)) > 50
-    with pytest.raises(ValueError, match=r"unknown opener set 'poems'.*'tasks'"):
+    with pytest.raises(ExportError, match=r"unknown opener set 'poems'.*'tasks'"):
         openers.opener("poems", 0)
 
 
