@@ -132,9 +132,8 @@ class Corpus:
             raise ExportError(f"corpus shard {path} is damaged ({e}); {fix}.") from None
         if shard.get("format") != FORMAT:
             raise ExportError(f"corpus shard {path} is not a {FORMAT} shard; {fix}.")
-        if shard.get("identity") != self.identity or stored_settings(shard.get("settings") or {}) != stored_settings(
-            asdict(self.settings)
-        ):
+        theirs, mine = stored_settings(shard.get("settings") or {}), stored_settings(asdict(self.settings))
+        if shard.get("identity") != self.identity or theirs != mine:
             raise ExportError(
                 f"corpus shard {path} is foreign: written by another model or with other settings "
                 f"({_difference(shard, self.identity, asdict(self.settings))}); {fix}."
@@ -309,7 +308,6 @@ def write_shard(pipe, corpus: Corpus, filters: NearDuplicates) -> tuple[Path, Sh
     """Write and answer the next shard's requests with ``pipe`` (a ``Pipeline`` over the corpus's bundle)."""
     s, index = corpus.settings, len(corpus.shards)
     prefix, eos = user_turn_prefix(pipe.tokenizer), sorted(pipe.tokenizer.eos_token_ids)
-    openers.check(s.openers)
     report, records, ids, seed = ShardReport(), [], [], shard_seed(s.seed, index)
     start = time.perf_counter()
     while report.kept < s.per_shard:
