@@ -190,7 +190,7 @@ def choose_prefill(root, graph_path: str, engine, candidates: list, device: dict
         report(
             progress,
             f"specdec-edge: timing the {names} prefill against the target graph's on {device.get('name')}; once per "
-            "device, a few seconds",
+            "device, ~10 s on 2 cores (a compile and a few timed passes)",
         )
         measured = measure_prefill(engine, candidates)
         record = {"format": CHOICE_FORMAT, "bundle": digest, "graph": graph_path, "device": device, **measured}
