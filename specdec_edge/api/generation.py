@@ -12,15 +12,20 @@ abandoned (or merely forgot to close) block every later call. Instead each *step
   the thread that holds the lease may take them at once (that thread is evidently not reading the
   stream);
 * a generation that lost the engines goes on later from its own context (prompt + the tokens it
-  emitted): it prefills that context again and continues with the same sampling generator, so
-  nothing is lost (``Generation.resumes`` counts how often);
+  emitted): it prefills its prompt again as before, feeds the tokens it emitted through decode passes
+  (``loop.Call.decoded``), and continues with the same sampling generator, so nothing is lost
+  (``Generation.resumes`` counts how often);
 * cancelling a generation, or closing it, frees the engines at once, from any thread; one that is
   waiting for them notices a cancel within ``POLL_S``.
 
-Resuming does not change what is generated: greedy tokens are the target's own argmax for the same
-context, and sampling keeps the target's distribution. (The re-prefilled cache is computed in wider
-passes; on batch-invariant bundles those give the same bits, elsewhere only near-ties could differ,
-and near-ties are counted in the stats.) Light: no model code here.
+Resuming does not change what is generated: the cache is rebuilt with the bits it held (the prompt prefilled by
+the same path, the emitted tokens by chains of decoding's own rounding), so greedy tokens are the ones an
+uninterrupted call gives and sampling keeps its draws. A prefill of the emitted tokens would not do: where the
+device's verdict says a prefill rounds unlike decoding (``reuse_matches_prefill`` false: another prefill runtime,
+wider passes), the answer went another way after a resume (the default gguf bundle on an AVX-512 CPU: 8 of 410
+greedy calls of a 600-call soak with KV reuse and the prompt cache off, every one a resumed call; 2026-12-06).
+With KV reuse the prompt part is whatever the reused prefix held, as for any reusing call. Light: no model code
+here.
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ class EngineLease:
     def holding(self) -> Iterator[None]:
         """Hold the engines for the block, as a generation holds them for a step: every use of the caches that is
         no call's own (measuring step costs, saving or loading a prefix) goes through it. After it the caches hold
-        no call's context (``cached``): a call it interrupted prefills its own context again and goes on exactly."""
+        no call's context (``cached``): a call it interrupted rebuilds its own context and goes on exactly."""
         gen, cancel = self.new_id(), threading.Event()
         if not self.acquire(gen, cancel):
             raise closed_error()
@@ -211,7 +216,8 @@ class Generation:
         return step
 
     def _start(self) -> None:
-        """Prefill this generation's context (again, after another call used the engines) and run on."""
+        """Prefill this generation's context (again, after another call used the engines: its emitted tokens through
+        decode passes, ``loop.Call.decoded``) and run on."""
         run = self.decoder
         if self._steps is not None:
             self.resumes += 1
@@ -220,7 +226,8 @@ class Generation:
         if run.engines is not None:
             run.engines.claim(self.owner, self.reuse)  # nothing of another owner's context is reused, restored or timed
         run.proposer.claim(self.owner)  # nor what a proposer learned from another owner's calls
-        call = replace(self.call, max_new_tokens=self.left)  # what is left of it
+        # what is left of it; what it generated so far is fed again through decode passes (``Call.decoded``)
+        call = replace(self.call, max_new_tokens=self.left, decoded=len(self.context) - self.prompt_tokens)
         self._steps = decode(
             run.engine, run.proposer, self.context, call, rng=self.rng, stats=self._run_stats, contexts=run.engines
         )

@@ -28,7 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.runtime.base import Engine, prefill  # noqa: F401 (prefill: its home for the proposers)
+from specdec_edge.runtime.base import Engine, prefill, replay  # noqa: F401 (prefill: its home for the proposers)
 from specdec_edge.runtime.tree import is_chain, tree_inputs
 from specdec_edge.sampling import SamplingParams, make_rng
 from specdec_edge.speculative.acceptance import EXACT, AcceptanceRule
@@ -62,6 +62,9 @@ class Call:
     rule: AcceptanceRule = EXACT
     reuse: bool = False
     history: HistoryStore | None = None
+    # A resumed call (``api/generation.py``): how many tokens at the end of its prompt (before the pending one) its
+    # own decode passes wrote before it lost the engines; they are fed again by decode passes, not prefilled.
+    decoded: int = 0
 
 
 class Contexts(Protocol):
@@ -109,7 +112,12 @@ def decode(
     if call.reuse and contexts is not None:
         stats.restored_tokens = contexts.restore_best(target, context)
     kept = target.reusable(context[:-1]) if call.reuse else 0
-    prefill(target, context[:-1], kept=kept)
+    # What the call's own decode passes wrote before a resume (``Call.decoded``) goes through decode passes again:
+    # prefilled, its K/V could round unlike decoding's where the verdict says a prefill differs, and the rest of
+    # the answer with them.
+    decoded_from = max(kept, len(context) - 1 - min(call.decoded, len(context) - 1))
+    prefill(target, context[:decoded_from], kept=kept)
+    replay(target, context[decoded_from:-1])
     if call.history is not None:
         proposer.prefill(context, params, rng, kept if call.reuse else None, call.history)
     elif call.reuse:
