@@ -13,7 +13,11 @@ calls run in between and the stream resumes. A few calls carry bad input on purp
 * no call exceeds ``--deadline`` seconds (a hang; the stacks of all threads are printed);
 * no exception except the expected ``SpecdecError``s;
 * every greedy output equals the same call run alone beforehand in one thread (a dropped or cancelled
-  stream: what it got is a prefix of it);
+  stream: what it got is a prefix of it); each that does not is printed, with how often it resumed. With
+  ``--no-reuse`` (and ``--prompt-cache-mb 0``) every resumed call rebuilds its context itself, which is what
+  showed that a resume must not prefill what the call emitted (docs/lab/serving.md, 2026-12-06); with KV reuse
+  and no prompt cache a call's output follows what earlier calls left in the cache (reuse's contract), so the
+  references need not hold there;
 * resident memory grows less than ``--max-rss-growth`` from call ``--rss-from`` to the last call.
 
 ``run_soak`` is the library form; tests/api/test_soak.py runs a short one on a tiny bundle.
@@ -142,11 +146,13 @@ def run_soak(
     max_rss_growth: float = 0.05,
     ort_threads: int | None = None,
     seed: int = 0,
+    reuse: bool = True,
+    prompt_cache_mb: float | None = None,
     log=print,
 ) -> dict:
     """Run the soak (see the module docstring); returns the report, whose ``ok`` says whether every check held."""
     start = time.perf_counter()
-    base = Pipeline.load(bundle, method="plain", threads=ort_threads)
+    base = Pipeline.load(bundle, method="plain", threads=ort_threads, reuse=reuse, prompt_cache_mb=prompt_cache_mb)
     pipes, skipped = {}, {}
     for name in available_methods(base.engines.draft is not None, base.engines.heads):
         try:
@@ -239,6 +245,8 @@ def run_soak(
         partial = c.kind in ("dropped", "cancelled", "cancelled-elsewhere")
         if c.token_ids != want and not (partial and want[: len(c.token_ids)] == c.token_ids):
             mismatched.append(c.index)
+            first = next((i for i, (a, b) in enumerate(zip(c.token_ids, want)) if a != b), len(c.token_ids))
+            log(f"call {c.index} ({c.method}, {c.kind}, resumed {c.resumes}x) differs from its reference at {first}")
     growth = (rss[calls] - rss[rss_from]) / rss[rss_from] if rss_from in rss and calls in rss else None
     latencies = sorted(c.seconds for c in finished if c.kind != "bad")
     report = {
@@ -289,6 +297,10 @@ def main() -> None:
     ap.add_argument("--max-rss-growth", type=float, default=0.05)
     ap.add_argument("--ort-threads", type=int, default=None, help="ONNX Runtime CPU threads (default: per core).")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--no-reuse", dest="reuse", action="store_false", help="No KV reuse: every call and resume prefills its prompt."
+    )
+    ap.add_argument("--prompt-cache-mb", type=float, default=None, help="The prompt cache's limit (0: none).")
     ap.add_argument("--json", default=None, help="Write the report here.")
     args = ap.parse_args()
     report = run_soak(
@@ -302,6 +314,8 @@ def main() -> None:
         max_rss_growth=args.max_rss_growth,
         ort_threads=args.ort_threads,
         seed=args.seed,
+        reuse=args.reuse,
+        prompt_cache_mb=args.prompt_cache_mb,
     )
     text = json.dumps(report, indent=2)
     print(text)
