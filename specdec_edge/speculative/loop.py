@@ -112,12 +112,7 @@ def decode(
     if call.reuse and contexts is not None:
         stats.restored_tokens = contexts.restore_best(target, context)
     kept = target.reusable(context[:-1]) if call.reuse else 0
-    # What the call's own decode passes wrote before a resume (``Call.decoded``) goes through decode passes again:
-    # prefilled, its K/V could round unlike decoding's where the verdict says a prefill differs, and the rest of
-    # the answer with them.
-    decoded_from = max(kept, len(context) - 1 - min(call.decoded, len(context) - 1))
-    prefill(target, context[:decoded_from], kept=kept)
-    replay(target, context[decoded_from:-1])
+    fill(target, context[:-1], kept, call.decoded)
     if call.history is not None:
         proposer.prefill(context, params, rng, kept if call.reuse else None, call.history)
     elif call.reuse:
@@ -178,6 +173,16 @@ def decode(
         yield Emitted(emitted, finish)
         if finish is not None:
             return
+
+
+def fill(target: Engine, tokens: list[int], kept: int, decoded: int = 0) -> None:
+    """Commit ``tokens`` to the target after the ``kept`` slots it holds of them: by prefill, but the last
+    ``decoded`` ones (a resumed call's own tokens, ``Call.decoded``) through decode passes again (``replay``):
+    prefilled, their K/V could round unlike decoding's where the device's verdict says a prefill differs, and the
+    rest of the answer with them."""
+    decoded_from = max(kept, len(tokens) - min(decoded, len(tokens)))
+    prefill(target, tokens[:decoded_from], kept=kept)
+    replay(target, tokens[decoded_from:])
 
 
 def fit(target: Engine, proposal: Proposal) -> Proposal:
