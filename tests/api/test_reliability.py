@@ -359,7 +359,7 @@ def test_a_resumed_call_goes_on_from_what_its_own_decoding_wrote(int4_bundle, me
     alone = pipe.generate(LONG, max_new_tokens=40).token_ids
     for after in (3, 12):  # interrupted early and late: a resumed context of 64+ tokens either way
 
-        def interrupted():
+        def interrupted(after=after):
             stream = pipe.stream(LONG, max_new_tokens=40)
             for n, _ in enumerate(stream, 1):
                 if n == after:
