@@ -346,27 +346,31 @@ def test_measuring_step_costs_mid_stream_leaves_the_stream_exact(tiny_bundle, tm
     assert outside == [], sorted(set(outside))
 
 
-@pytest.mark.parametrize("method", ["plain", "pld"])
-def test_a_resumed_call_goes_on_from_what_its_own_decoding_wrote(int4_bundle, method):
+SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 3}
+
+
+@pytest.mark.parametrize("method, sampling", [("plain", {}), ("pld", {}), ("plain", SEEDED), ("pld", SEEDED)])
+def test_a_resumed_call_goes_on_from_what_its_own_decoding_wrote(int4_bundle, method, sampling):
     """Where prefill computes K/V another way than decoding (here the bundle's prefill graph: fp32 activations,
     against the 4-bit target's int8 ones), a call that loses the engines to another call and resumes must not
     prefill what it generated so far: its prompt is prefilled as before, and its own tokens are fed again through
-    decode passes, so it ends as if never interrupted. With no KV reuse and no prompt cache nothing else keeps them."""
+    decode passes, so it ends as if never interrupted (greedy: the same tokens; seeded sampling: the same draws).
+    With no KV reuse and no prompt cache nothing else keeps them."""
     from tests.runtime.prefill_checks import LONG
 
     pipe = Pipeline.load(int4_bundle, method=method, prefill="fp32", reuse=False, prompt_cache_mb=0, threads=1)
     assert len(pipe.encode(LONG)) > 64  # the prompt goes through the prefill graph
-    alone = pipe.generate(LONG, max_new_tokens=40).token_ids
+    alone = pipe.generate(LONG, max_new_tokens=40, **sampling).token_ids
     for after in (3, 12):  # interrupted early and late: a resumed context of 64+ tokens either way
 
         def interrupted(after=after):
-            stream = pipe.stream(LONG, max_new_tokens=40)
-            for n, _ in enumerate(stream, 1):
-                if n == after:
+            stream = pipe.stream(LONG, max_new_tokens=40, **sampling)
+            for _ in stream:
+                if len(stream.result.token_ids) >= after:  # tokens, not text pieces (a piece may hold several)
                     break
             pipe.generate(PROMPTS[0], max_new_tokens=8)  # takes the engines: the stream must resume
             return stream, list(stream)
 
         stream, _ = within(60, interrupted)
         assert stream.result.stats.resumes == 1
-        assert stream.result.token_ids == alone, (method, after)
+        assert stream.result.token_ids == alone, (method, sampling, after)
