@@ -484,14 +484,13 @@ def replay(engine: Engine, tokens, rows: int = REPLAY_ROWS) -> None:
     ``rows`` and ``max_rows()`` rows, as the decode loop verifies them), not its prefill path: their K/V get the bits
     decoding gave them (a chain's rows equal plain decoding's wherever the device's verdict lets chains run), which a
     prefill by another runtime or in wider chunks need not give (the verdict's ``reuse_matches_prefill``)."""
-    for start in range(0, len(tokens), rows):
-        piece = tokens[start : start + rows]
-        while len(piece):
-            limit = engine.max_rows()  # None: no limit; else at least 1 (a plain step)
-            width = len(piece) if limit is None else max(1, min(len(piece), limit))
-            engine.run(piece[:width], logits_to_keep=1)
-            engine.commit(width)
-            piece = piece[width:]
+    done = 0
+    while done < len(tokens):
+        limit = engine.max_rows()  # None: no limit; else at least 1 (a plain step)
+        width = min(len(tokens) - done, rows, rows if limit is None else max(1, limit))
+        engine.run(tokens[done : done + width], logits_to_keep=1)
+        engine.commit(width)
+        done += width
 
 
 def prefill(engine: Engine, tokens, chunk: int | None = None, kept: int = 0) -> None:
