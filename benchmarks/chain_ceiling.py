@@ -79,7 +79,8 @@ def main() -> None:
         )
     for model in models:
         head = head_seconds(model, args.bundle, args.head_ms)
-        print(f"device {model.key.get('device', '?')} ({model.key.get('provider', '?')}), threads {model.key.get('threads', '?')}")
+        key = model.key
+        print(f"device {key.get('device', '?')} ({key.get('provider', '?')}), threads {key.get('threads', '?')}")
         print(model.describe())
         for context in model.contexts:
             print(f"\ncontext {context}: one head run {head * 1e3:.2f} ms, loop {args.overhead:.0%} of a pass")
