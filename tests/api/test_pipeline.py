@@ -25,7 +25,7 @@ def plain(tiny_bundle):
 def test_load_defaults_and_errors(pipe, tiny_bundle, tmp_path):
     assert pipe.k == 4 and pipe.engines.capacity == 255  # 256 minus the padding slot
     default = Pipeline.load(tiny_bundle, threads=1)
-    assert default.method == "auto" and default.k == 6
+    assert default.method == "auto" and default.k == 10
     with pytest.raises(SpecdecError, match="unknown method"):
         Pipeline.load(tiny_bundle, method="jacobi")
     with pytest.raises(SpecdecError, match="speculation length"):

@@ -151,7 +151,7 @@ def test_bench_shows_auto_choices_and_step_costs(tiny_bundle, prompts_file, tmp_
     res = invoke(*bench_args(tiny_bundle, prompts_file, "--methods", "plain,auto", "--json", out, "--md", md))
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
-    assert report["meta"]["k"] == {"auto": 6}
+    assert report["meta"]["k"] == {"auto": 10}
     by = report["results"]["auto"][OVERALL]["by_proposer"]
     # a merged tree is named by its parts ("pld+draft")
     assert by and {part for name in by for part in name.split("+")} <= {"plain", "pld", "draft", "lookahead"}

@@ -348,6 +348,25 @@ def test_held_out_prompts_are_a_shards_requests_as_bench_reads_them(tmp_path, gr
         heldout_prompts(grown, 7, 2)
 
 
+def test_edit_prompts_wrap_a_shards_answers_in_edit_instructions(tmp_path, grown, chatty_bundle):
+    from tokenizers import Tokenizer
+
+    from benchmarks.heldout_prompts import EDITS, edit_prompts, looping
+
+    corpus = Corpus.read(grown)
+    tok = Tokenizer.from_file(str(chatty_bundle / "tokenizer.json"))
+    answers = [tok.decode([int(t) for t in ids[a:]]).strip() for _, ids, a in corpus.records(corpus.shards[0])]
+    records = edit_prompts(grown, 0, 5, chatty_bundle / "tokenizer.json")
+    kept = [a for a in answers if a and not looping(a)]
+    assert records and len(records) == min(5, len(kept)) and {r["category"] for r in records} == {"edit"}
+    for i, r in enumerate(records):
+        instruction, _, text = r["turns"][0].partition("\n\n")
+        assert instruction == EDITS[i % len(EDITS)] and text and any(a.startswith(text) for a in kept)
+    assert looping("one two three four " * 5) and not looping("a b c d e f g h i j")
+    with pytest.raises(Exception, match="has no shard 7"):
+        edit_prompts(grown, 7, 2, chatty_bundle / "tokenizer.json")
+
+
 def test_corpus_features_are_the_target_graphs_even_where_a_prefill_graph_would_prefill(
     tmp_path, chatty_dir, monkeypatch
 ):

@@ -39,7 +39,7 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     assert "output identical to plain: yes (3 of 3)" in first.output  # the three demo prompts, each identical
     assert "Prompt 1 of 3, writing" in first.output and "Prompt 3 of 3, summarization" in first.output
     assert "speedup" in first.output and "over the 3 prompts" in first.output and "tok/s" in first.output
-    assert "--- auto (k=6), streamed ---" in first.output  # no recorded method: auto
+    assert "--- auto (k=10), streamed ---" in first.output  # no recorded method: auto
     manifest = default_bundle(export_if_missing=False) / "manifest.json"
     m = read_manifest(manifest.parent)
     assert m.target.graph.dtype == "gguf" and m.default_method is None and m.target.graph.verdict.batch_invariant
