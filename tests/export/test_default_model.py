@@ -36,9 +36,10 @@ def test_demo_exports_once_and_reuses_the_bundle(tmp_path, monkeypatch):
     first = CliRunner().invoke(main, ["demo", "--max-new-tokens", "24"])
     assert first.exit_code == 0, first.output
     assert "Exporting the default model" in first.output
-    assert "output identical to plain: yes (3 of 3)" in first.output  # the three demo prompts, each identical
-    assert "Prompt 1 of 3, writing" in first.output and "Prompt 3 of 3, summarization" in first.output
-    assert "speedup" in first.output and "over the 3 prompts" in first.output and "tok/s" in first.output
+    assert "output identical to plain: yes (4 of 4)" in first.output  # the four demo prompts, each identical
+    assert "Prompt 1 of 4, writing" in first.output and "Prompt 3 of 4, summarization" in first.output
+    assert "Prompt 4 of 4, edit" in first.output
+    assert "speedup" in first.output and "over the 4 prompts" in first.output and "tok/s" in first.output
     assert "--- auto (k=10), streamed ---" in first.output  # no recorded method: auto
     manifest = default_bundle(export_if_missing=False) / "manifest.json"
     m = read_manifest(manifest.parent)
