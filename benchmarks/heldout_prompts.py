@@ -11,8 +11,8 @@ were trained (training/README.md names the shards each head saw) holds requests 
 
 ``--edit TOKENIZER``: edits of a given text instead (category ``edit``): the shard's first answers, decoded with
 TOKENIZER (a bundle's tokenizer.json) and cut after their last full sentence, each behind one of ``EDITS`` in turn
-(answers that repeat themselves, a small model's greedy loops, are left out);
-an answer that rewrites its prompt is where prompt lookup's chains run long (docs/PERFORMANCE.md, "Where it pays").
+(answers that repeat themselves, a small model's greedy loops, are left out); an answer that rewrites its prompt is
+where prompt lookup's chains run long (docs/PERFORMANCE.md, "Where speculation pays").
 
   python benchmarks/heldout_prompts.py corpus/smollm2-135m-instruct --shard 374 --n 24 --edit BUNDLE/tokenizer.json \\
       --out edit374.jsonl
@@ -50,7 +50,8 @@ EDITS = (
 
 
 def edit_prompts(folder: str | Path, shard: int, n: int, tokenizer: str | Path) -> list[dict]:
-    """The first ``n`` answers of shard ``shard``, each to be edited (``EDITS`` in turn), as Spec-Bench records."""
+    """The first ``n`` answers of shard ``shard`` that do not loop, each to be edited (``EDITS`` in turn), as
+    Spec-Bench records."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer))
