@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from specdec_edge.errors import SpecdecError
-from specdec_edge.export.corpus import Corpus
+from specdec_edge.export.corpus import Corpus, distinct_4grams
 
 
 def heldout_prompts(folder: str | Path, shard: int, n: int) -> list[dict]:
@@ -75,9 +75,7 @@ def edit_prompts(folder: str | Path, shard: int, n: int, tokenizer: str | Path) 
 
 def looping(text: str, share: float = 0.9) -> bool:
     """Whether fewer than ``share`` of the text's word 4-grams are distinct (it repeats itself)."""
-    words = text.split()
-    grams = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
-    return bool(grams) and len(set(grams)) < share * len(grams)
+    return distinct_4grams(text.split()) < share
 
 
 def write_jsonl(records: list[dict], out: str | Path) -> Path:

@@ -60,6 +60,7 @@ from pathlib import Path
 from specdec_edge.api.pipeline import Pipeline
 from specdec_edge.bench.spec_bench import load_prompts, require_matplotlib
 from specdec_edge.bundle.manifest import read_manifest
+from specdec_edge.export.corpus import distinct_4grams
 from specdec_edge.speculative.methods import default_method
 
 
@@ -400,12 +401,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def distinct_4grams(ids: list[int]) -> float:
-    """Distinct 4-grams over all 4-grams of one output (1.0 = no 4-gram repeats)."""
-    grams = [tuple(ids[i : i + 4]) for i in range(len(ids) - 3)]
-    return len(set(grams)) / len(grams) if grams else 1.0
 
 
 def fidelity(mine: list[dict], fp32: dict) -> dict:

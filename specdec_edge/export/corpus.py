@@ -287,10 +287,16 @@ def drop_reason(text: str, ids: list[int], settings: CorpusSettings) -> str | No
         return "undecodable"
     if sum(c.isalpha() for c in text) < 0.5 * len(text.replace(" ", "")):
         return "symbols"
-    grams = [tuple(ids[i : i + 4]) for i in range(len(ids) - 3)]
-    if grams and len(set(grams)) < 0.6 * len(grams):
+    if distinct_4grams(ids) < 0.6:
         return "repetitive"
     return None
+
+
+def distinct_4grams(items) -> float:
+    """The share of distinct 4-grams among all 4-grams of ``items`` (token ids or words; 1.0: none repeats, or the
+    sequence is shorter than 4): below ~0.6 for a greedy loop."""
+    grams = [tuple(items[i : i + 4]) for i in range(len(items) - 3)]
+    return len(set(grams)) / len(grams) if grams else 1.0
 
 
 def user_turn_prefix(tokenizer) -> str:
