@@ -19,10 +19,10 @@ a chain needs to reach ``--target``. Plain decoding's own cost is one one-row pa
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from specdec_edge.api.step_costs import costs_of_bundle
+from specdec_edge.bundle.manifest import read_manifest
 from specdec_edge.speculative.costs import CostModel
 
 DEPTHS = range(1, 7)
@@ -55,11 +55,9 @@ def head_seconds(model: CostModel, bundle: Path, given_ms: float | None) -> floa
     """One head run: ``--head-ms``, else the measured per-step seconds of the bundle's head over its chain depth."""
     if given_ms is not None:
         return given_ms / 1e3
-    heads = json.loads((bundle / "manifest.json").read_text()).get("heads") or {}
-    for name, section in heads.items():
+    for name, section in read_manifest(bundle).heads.items():
         if name in model.proposers:
-            depth = int((section.get("tree") or {}).get("depth") or 1)
-            return model.proposers[name] / max(depth, 1)
+            return model.proposers[name] / max(int(section.tree.get("depth") or 1), 1)
     return 0.0
 
 

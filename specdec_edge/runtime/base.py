@@ -487,7 +487,8 @@ def replay(engine: Engine, tokens, rows: int = REPLAY_ROWS) -> None:
     done = 0
     while done < len(tokens):
         limit = engine.max_rows()  # None: no limit; else at least 1 (a plain step)
-        width = min(len(tokens) - done, rows, rows if limit is None else max(1, limit))
+        cap = rows if limit is None else min(rows, max(1, limit))
+        width = min(len(tokens) - done, cap)
         engine.run(tokens[done : done + width], logits_to_keep=1)
         engine.commit(width)
         done += width
